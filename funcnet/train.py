@@ -1,0 +1,236 @@
+"""The training loop as pure functions: ``(state, batch) -> (state, metrics)``.
+
+torch's five lines::
+
+    optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
+    loss.backward(); optimizer.step()
+
+become one compiled function. Gradients are return values, never accumulated in
+``.grad``, so there is nothing to zero; the optimizer is an optax transformation
+whose state travels in ``TrainState`` next to the params.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from funcnet import data as _data
+from funcnet import losses as _losses
+from funcnet.nn import Module
+
+__all__ = ["TrainState", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
+
+
+class TrainState(NamedTuple):
+    """Everything a training run carries from step to step (a pytree).
+
+    params: the model's params; opt_state: the optax state; step: int32 scalar;
+    key: the PRNG key that dropout and shuffling draw from (split every use);
+    loss_scale: a precision loss-scale state, or None in full precision.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    key: jax.Array
+    loss_scale: Any = None
+
+
+def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax.Array, *,
+                       params: Any = None, loss_scale: Any = None) -> TrainState:
+    """Initialise params (unless given) and optimizer state from ``key``."""
+    init_key, key = jax.random.split(key)
+    if params is None:
+        params = model.init(init_key)
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale)
+
+
+def _check_batch(x, y, accum_steps: int) -> None:
+    if jnp.ndim(x) < 1 or jnp.ndim(y) < 1 or jnp.shape(x)[0] != jnp.shape(y)[0]:
+        raise ValueError(
+            f"batch inputs of shape {jnp.shape(x)} and labels of shape {jnp.shape(y)} must share the "
+            f"leading batch axis; pass batch=(x, y) with x: (batch, features), y: (batch,)"
+        )
+    if jnp.shape(x)[0] % accum_steps:
+        raise ValueError(
+            f"a batch of {jnp.shape(x)[0]} examples does not split into accum_steps={accum_steps} "
+            f"equal micro-batches; use a batch size divisible by {accum_steps}"
+        )
+
+
+def make_step(
+    model: Module,
+    tx: optax.GradientTransformation,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _losses.cross_entropy,
+    *,
+    accum_steps: int = 1,
+    axis_name: str | None = None,
+    donate: bool = True,
+):
+    """A compiled, pure training step ``step(state, (x, y)) -> (state, {"loss", "accuracy"})``.
+
+    - The old state is donated: its buffers are reused for the new one (the
+      functional counterpart of torch's in-place ``optimizer.step()``); do not use
+      it after the call.
+    - ``accum_steps=k`` splits the batch into k micro-batches, sums their gradients in
+      a ``lax.scan`` and applies one update with the mean: torch's "call backward k
+      times, then step" without a mutable ``.grad``.
+    - ``axis_name``: gradients and metrics are averaged with ``lax.pmean`` over that
+      named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it.
+
+    ``step.raw`` is the uncompiled function, for use inside other transformations
+    (``run_epoch`` scans it).
+    """
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+        raise ValueError(f"accum_steps must be a positive int, got {accum_steps!r}")
+
+    def loss_and_logits(params, x, y, key):
+        logits = model.apply(params, x, key=key, train=True)
+        return loss_fn(logits, y), logits
+
+    grad_fn = jax.value_and_grad(loss_and_logits, has_aux=True)
+
+    def step(state: TrainState, batch):
+        x, y = batch
+        _check_batch(x, y, accum_steps)
+        key, dropout_key = jax.random.split(state.key)
+        if axis_name is not None:
+            dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
+        if accum_steps == 1:
+            (loss, logits), grads = grad_fn(state.params, x, y, dropout_key)
+            acc = _losses.accuracy(logits, y)
+        else:
+            micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
+            micro_y = y.reshape((accum_steps, -1) + y.shape[1:])
+            keys = jax.random.split(dropout_key, accum_steps)
+
+            def micro(total, inputs):
+                xb, yb, k = inputs
+                (loss_b, logits_b), grads_b = grad_fn(state.params, xb, yb, k)
+                total = jax.tree.map(jnp.add, total, (grads_b, loss_b, _losses.accuracy(logits_b, yb)))
+                return total, None
+
+            zero = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros(()), jnp.zeros(()))
+            (grads, loss, acc), _ = jax.lax.scan(micro, zero, (micro_x, micro_y, keys))
+            grads, loss, acc = jax.tree.map(lambda t: t / accum_steps, (grads, loss, acc))
+        if axis_name is not None:
+            grads, loss, acc = jax.lax.pmean((grads, loss, acc), axis_name)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new_state = TrainState(params, opt_state, state.step + 1, key, state.loss_scale)
+        return new_state, {"loss": loss, "accuracy": acc}
+
+    donate_argnums = (0,) if donate else ()
+    if axis_name is not None:
+        compiled = jax.pmap(step, axis_name=axis_name, donate_argnums=donate_argnums)
+    else:
+        compiled = jax.jit(step, donate_argnums=donate_argnums)
+    compiled.raw = step
+    return compiled
+
+
+@functools.partial(jax.jit, static_argnames=("step_fn", "batch_size"), donate_argnames=("state",))
+def _scan_epoch(step_fn, state, x, y, batch_size):
+    key, perm_key = jax.random.split(state.key)
+    indices = _data.epoch_indices(perm_key, x.shape[0], batch_size)
+
+    def body(st, idx):
+        return step_fn(st, (x[idx], y[idx]))
+
+    return jax.lax.scan(body, state._replace(key=key), indices)
+
+
+def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = True):
+    """One epoch of shuffled steps: ``(state, metrics)`` with per-step metrics of shape ``(steps,)``.
+
+    The shuffle is drawn from ``state.key`` on device; the last partial batch is
+    dropped. With ``scan=True`` (default) the whole epoch is one compiled
+    ``lax.scan`` and metrics stay on device until the caller reads them; with
+    ``scan=False`` the same batches are dispatched one compiled step at a time
+    from Python (the torch-style loop), which gives the same result.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")
+    batch_size = _data.check_batch_size(batch_size, len(x))
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if scan:
+        return _scan_epoch(step.raw, state, x, y, batch_size)
+    key, perm_key = jax.random.split(state.key)
+    state = state._replace(key=key)
+    history = []
+    for xb, yb in _data.batches(perm_key, x, y, batch_size):
+        state, metrics = step(state, (xb, yb))
+        history.append(metrics)
+    return state, jax.tree.map(lambda *m: jnp.stack(m), *history)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "loss_fn"))
+def _eval_batch(model, loss_fn, params, x, y):
+    logits = model.apply(params, x, train=False)
+    return loss_fn(logits, y, reduction="sum"), jnp.sum(jnp.argmax(logits, -1) == y)
+
+
+def evaluate(model: Module, params, x, y, *, batch_size: int | None = None,
+             loss_fn=_losses.cross_entropy) -> dict[str, float]:
+    """Mean loss and accuracy in eval mode (``train=False``), as Python floats.
+
+    ``loss_fn`` must accept ``reduction="sum"`` (funcnet's losses do).
+    """
+    if len(x) != len(y):
+        raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")
+    n = len(x)
+    batch_size = n if batch_size is None else _data.check_batch_size(batch_size, n)
+    total_loss, correct = 0.0, 0
+    for start in range(0, n, batch_size):
+        loss, hits = _eval_batch(model, loss_fn, params, jnp.asarray(x[start:start + batch_size]),
+                                 jnp.asarray(y[start:start + batch_size]))
+        total_loss += loss
+        correct += hits
+    return {"loss": float(total_loss) / n, "accuracy": float(correct) / n}
+
+
+def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=None, *,
+        epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
+        accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
+        on_epoch: Callable[[TrainState, dict], None] | None = None):
+    """Train for ``epochs`` epochs; ``(state, history)`` with one dict of metrics per epoch.
+
+    Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
+    once. ``state`` resumes a run; ``on_epoch(state, record)`` is called after each epoch.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+    x_tr, y_tr = train_data
+    batch_size = _data.check_batch_size(batch_size, len(x_tr))
+    step = make_step(model, tx, loss_fn, accum_steps=accum_steps)
+    if state is None:
+        state = create_train_state(model, tx, key)
+    history = []
+    columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, disable=not progress, transient=False) as bar:
+        task = bar.add_task("", total=epochs)
+        for epoch in range(epochs):
+            state, metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
+            record = {"epoch": epoch + 1, "step": int(state.step),
+                      "train_loss": float(np.mean(metrics["loss"])),
+                      "train_accuracy": float(np.mean(metrics["accuracy"]))}
+            if test_data is not None:
+                scores = evaluate(model, state.params, *test_data, loss_fn=loss_fn)
+                record.update(test_loss=scores["loss"], test_accuracy=scores["accuracy"])
+            history.append(record)
+            if on_epoch is not None:
+                on_epoch(state, record)
+            desc = f"loss {record['train_loss']:.4f}"
+            if "test_accuracy" in record:
+                desc += f"  test acc {record['test_accuracy']:.4f}"
+            bar.update(task, advance=1, description=desc)
+    return state, history
