@@ -1,0 +1,132 @@
+"""The training loop against independent oracles: torch's SGD, jax.grad by hand, numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+from scipy.special import logsumexp
+
+import funcnet
+from funcnet import data, interop, losses, nn, train
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.load("digits")
+
+
+def test_steps_match_torch_sgd(digits):
+    (x, y), _ = digits
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    params = interop.from_torch(theirs)
+    opt = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    model, tx = nn.MLP([64, 32, 10]), optax.sgd(0.1)
+    step = train.make_step(model, tx)
+    state = train.create_train_state(model, tx, jax.random.key(0), params=params)
+    for i in range(5):
+        xb, yb = x[i * 32:(i + 1) * 32], y[i * 32:(i + 1) * 32]
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(xb)), torch.from_numpy(yb).long())
+        loss.backward()
+        opt.step()
+        state, metrics = step(state, (jnp.asarray(xb), jnp.asarray(yb)))
+        np.testing.assert_allclose(float(metrics["loss"]), loss.item(), rtol=1e-5)
+    for key, tensor in theirs.state_dict().items():
+        np.testing.assert_allclose(np.asarray(funcnet.state_dict(state.params)[key]), tensor.numpy(), atol=1e-6)
+    assert int(state.step) == 5
+
+
+def test_gradient_accumulation_equals_full_batch_gradient(digits):
+    (x, y), _ = digits
+    xb, yb = jnp.asarray(x[:64]), jnp.asarray(y[:64])
+    model, tx = nn.MLP([64, 32, 10]), optax.sgd(0.5)
+    params = model.init(jax.random.key(0))
+    # oracle: one plain jax.grad of the full-batch mean loss, updated by hand
+    grads = jax.grad(lambda p: losses.cross_entropy(model.apply(p, xb), yb))(params)
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+    for k in (1, 4):
+        step = train.make_step(model, tx, accum_steps=k)
+        state = train.create_train_state(model, tx, jax.random.key(1), params=jax.tree.map(jnp.copy, params))
+        state, _ = step(state, (xb, yb))
+        for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6, rtol=1e-6)
+
+
+def test_run_epoch_scan_equals_step_by_step(digits):
+    (x, y), _ = digits
+    model, tx = nn.MLP([64, 32, 10], dropout=0.1), optax.adam(1e-3)
+    step = train.make_step(model, tx)
+    scanned = train.create_train_state(model, tx, jax.random.key(0))
+    stepped = train.create_train_state(model, tx, jax.random.key(0))
+    for _ in range(2):
+        scanned, m_scan = train.run_epoch(step, scanned, x, y, batch_size=64)
+        stepped, m_step = train.run_epoch(step, stepped, x, y, batch_size=64, scan=False)
+        assert m_scan["loss"].shape == (len(x) // 64,)
+        np.testing.assert_allclose(np.asarray(m_scan["loss"]), np.asarray(m_step["loss"]), rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(scanned.params), jax.tree.leaves(stepped.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert int(scanned.step) == int(stepped.step) == 2 * (len(x) // 64)
+
+
+def test_step_compiles_once_and_donates_old_state():
+    model, tx = nn.MLP([4, 8, 2]), optax.sgd(0.1)
+    traces = []
+
+    def counting_loss(logits, labels):
+        traces.append(1)
+        return losses.cross_entropy(logits, labels)
+
+    step = train.make_step(model, tx, counting_loss)
+    state = train.create_train_state(model, tx, jax.random.key(0))
+    batch = (jnp.ones((8, 4)), jnp.zeros((8,), jnp.int32))
+    old = state
+    for _ in range(4):
+        state, _ = step(state, batch)
+    assert len(traces) == 1
+    assert old.params["0"]["weight"].is_deleted()  # its buffers were reused for the new state
+
+
+def test_step_bad_inputs_are_named():
+    model, tx = nn.MLP([4, 8, 2]), optax.sgd(0.1)
+    step = train.make_step(model, tx, donate=False)
+    state = train.create_train_state(model, tx, jax.random.key(0))
+    x = jnp.ones((8, 4))
+    with pytest.raises(ValueError, match=r"labels of shape \(8, 1\)"):
+        step(state, (x, jnp.zeros((8, 1), jnp.int32)))
+    with pytest.raises(TypeError, match="labels have dtype float32"):
+        step(state, (x, jnp.zeros((8,), jnp.float32)))
+    with pytest.raises(ValueError, match=r"input of shape \(8, 3\) has 3 features"):
+        step(state, (jnp.ones((8, 3)), jnp.zeros((8,), jnp.int32)))
+    with pytest.raises(ValueError, match="must share the leading batch axis"):
+        step(state, (x, jnp.zeros((7,), jnp.int32)))
+    with pytest.raises(ValueError, match="accum_steps must be a positive int, got 0"):
+        train.make_step(model, tx, accum_steps=0)
+    with pytest.raises(ValueError, match="does not split into accum_steps=3"):
+        train.make_step(model, tx, accum_steps=3)(state, (x, jnp.zeros((8,), jnp.int32)))
+    with pytest.raises(ValueError, match="batch_size must be a positive integer, got 0"):
+        train.run_epoch(step, state, np.ones((8, 4)), np.zeros(8, np.int32), batch_size=0)
+
+
+def test_evaluate_against_numpy(digits):
+    _, (x, y) = digits
+    model = nn.MLP([64, 16, 10])
+    params = model.init(jax.random.key(0))
+    scores = train.evaluate(model, params, x, y, batch_size=100)
+    w1, b1 = np.asarray(params["0"]["weight"]), np.asarray(params["0"]["bias"])
+    w2, b2 = np.asarray(params["2"]["weight"]), np.asarray(params["2"]["bias"])
+    logits = np.maximum(x.astype(np.float64) @ w1.T + b1, 0) @ w2.T + b2
+    loss = np.mean(logsumexp(logits, axis=1) - logits[np.arange(len(y)), y])
+    assert scores["accuracy"] == pytest.approx(np.mean(logits.argmax(1) == y))
+    assert scores["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_fit_reaches_95_percent_on_digits(digits):
+    model = nn.MLP([64, 128, 10])
+    state, history = train.fit(model, optax.adam(1e-3), *digits, epochs=20, batch_size=32,
+                               key=jax.random.key(0), progress=False)
+    assert len(history) == 20
+    assert history[-1]["test_accuracy"] >= 0.95
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
