@@ -1,0 +1,158 @@
+"""Timing that waits for the result, a benchmark helper, and traces.
+
+JAX dispatches work asynchronously: ``f(x)`` returns as soon as the computation
+is queued, so a clock read right after it measures the dispatch, not the work.
+``jax.block_until_ready`` waits, as ``torch.cuda.synchronize()`` does after
+``torch.cuda.Event.record()``; every timer here blocks on the result.
+
+torch counterpart::
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(); out = model(x); end.record(); torch.cuda.synchronize()
+    ms = start.elapsed_time(end)
+
+is ``out, seconds = timed(model_apply, params, x)`` here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Timer", "timed", "Benchmark", "benchmark", "trace", "flops", "matmul_peak"]
+
+
+class Timer:
+    """Wall-clock timer for a block of code that waits on the results it is handed.
+
+    ``with Timer() as t: out = t.block(f(x))`` then ``t.seconds``. Without a call
+    to ``block`` inside the block, ``seconds`` is the dispatch time only
+    (``t.blocked`` says which).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self.blocked = False
+        self._start: float | None = None
+
+    def block(self, x: Any) -> Any:
+        """``jax.block_until_ready(x)``; returns ``x``."""
+        jax.block_until_ready(x)
+        self.blocked = True
+        return x
+
+    def __enter__(self) -> "Timer":
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self._start
+
+
+def timed(fn: Callable, *args, block: bool = True, **kwargs) -> tuple[Any, float]:
+    """``(fn(*args, **kwargs), seconds)``, waiting for the result unless ``block=False``.
+
+    ``block=False`` times only the dispatch: the mistake of timing JAX (or CUDA)
+    without synchronizing, kept so it can be measured.
+    """
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    if block:
+        jax.block_until_ready(out)
+    return out, time.perf_counter() - start
+
+
+class Benchmark(NamedTuple):
+    """Seconds per call: ``median``, ``min``, ``mean`` over ``samples`` (one per repeat,
+    each the mean of ``number`` calls); ``first``: the first warm-up call, compile
+    included (None without warm-up)."""
+
+    median: float
+    min: float
+    mean: float
+    samples: tuple[float, ...]
+    number: int
+    first: float | None
+
+
+def _positive(where: str, name: str, value: Any, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{where}: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def benchmark(fn: Callable, *args, warmup: int = 1, repeat: int = 5, number: int = 1, **kwargs) -> Benchmark:
+    """Time ``fn(*args, **kwargs)`` the way ``timeit`` does, waiting for the results.
+
+    ``warmup`` calls run first and are not counted (the first one compiles a jitted
+    ``fn``; with ``warmup=0`` the compile lands in the first sample). Then
+    ``repeat`` samples of ``number`` calls each; the ``number`` results are kept
+    and waited for together, so calls may overlap as they would in a loop.
+    """
+    _positive("benchmark", "warmup", warmup, 0)
+    _positive("benchmark", "repeat", repeat, 1)
+    _positive("benchmark", "number", number, 1)
+    first = None
+    for i in range(warmup):
+        _, seconds = timed(fn, *args, **kwargs)
+        first = seconds if i == 0 else first
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        jax.block_until_ready([fn(*args, **kwargs) for _ in range(number)])
+        samples.append((time.perf_counter() - start) / number)
+    return Benchmark(
+        median=statistics.median(samples),
+        min=min(samples),
+        mean=statistics.fmean(samples),
+        samples=tuple(samples),
+        number=number,
+        first=first,
+    )
+
+
+@contextlib.contextmanager
+def trace(logdir: str | Path, *, create_perfetto_link: bool = False) -> Iterator[Path]:
+    """Record a profiler trace of the block into ``logdir`` (``jax.profiler.trace``).
+
+    Writes ``logdir/plugins/profile/<run>/*.xplane.pb`` (TensorBoard / XProf) and a
+    ``*.trace.json.gz`` (Perfetto, chrome://tracing). torch counterpart:
+    ``torch.profiler.profile(on_trace_ready=tensorboard_trace_handler(logdir))``.
+    Block on the results inside the block, or the work may finish after the trace.
+    """
+    path = Path(logdir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"trace: logdir {str(path)!r} exists and is not a directory; pass a directory path")
+    path.mkdir(parents=True, exist_ok=True)
+    with jax.profiler.trace(str(path), create_perfetto_link=create_perfetto_link):
+        yield path
+
+
+def flops(fn: Callable, *args, **kwargs) -> float:
+    """Floating-point operations of one call, from XLA's cost analysis of the compiled
+    ``fn`` (a ``jax.jit`` result or a plain function); nothing is executed."""
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    cost = jitted.lower(*args, **kwargs).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older jax returned one dict per device
+        cost = cost[0] if cost else None
+    if not cost or "flops" not in cost:
+        raise RuntimeError(f"XLA gave no flop count for {getattr(fn, '__name__', fn)!r} on {jax.default_backend()}")
+    return float(cost["flops"])
+
+
+def matmul_peak(n: int = 1024, dtype: Any = jnp.float32, *, repeat: int = 5, number: int = 4) -> float:
+    """Measured throughput (FLOP/s) of an ``n x n`` by ``n x n`` matmul on the default
+    device: ``2 * n**3`` FLOPs per call over the fastest sample (``benchmark``'s ``min``),
+    the machine's practical ceiling for dense float work at that size."""
+    n = _positive("matmul_peak", "n", n, 1)
+    keys = jax.random.split(jax.random.key(n))
+    a = jax.random.normal(keys[0], (n, n), dtype)
+    b = jax.random.normal(keys[1], (n, n), dtype)
+    result = benchmark(jax.jit(jnp.matmul), a, b, warmup=2, repeat=repeat, number=number)
+    return 2.0 * n**3 / result.min
