@@ -100,10 +100,15 @@ def make_step(
         x, y = batch
         _check_batch(x, y, accum_steps)
         key, dropout_key = jax.random.split(state.key)
+        grad_params = state.params
         if axis_name is not None:
             dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
+            # Differentiate a per-device copy. Under shard_map's type checking the gradient of a
+            # replicated input would otherwise come back already summed over devices (the
+            # transpose of the implicit broadcast is a psum); the pmean below is the all-reduce.
+            grad_params = jax.lax.pcast(state.params, axis_name, to="varying")
         if accum_steps == 1:
-            (loss, logits), grads = grad_fn(state.params, x, y, dropout_key)
+            (loss, logits), grads = grad_fn(grad_params, x, y, dropout_key)
             acc = _losses.accuracy(logits, y)
         else:
             micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
@@ -112,11 +117,13 @@ def make_step(
 
             def micro(total, inputs):
                 xb, yb, k = inputs
-                (loss_b, logits_b), grads_b = grad_fn(state.params, xb, yb, k)
+                (loss_b, logits_b), grads_b = grad_fn(grad_params, xb, yb, k)
                 total = jax.tree.map(jnp.add, total, (grads_b, loss_b, _losses.accuracy(logits_b, yb)))
                 return total, None
 
             zero = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros(()), jnp.zeros(()))
+            if axis_name is not None:
+                zero = jax.lax.pcast(zero, axis_name, to="varying")  # the carry holds per-device sums
             (grads, loss, acc), _ = jax.lax.scan(micro, zero, (micro_x, micro_y, keys))
             grads, loss, acc = jax.tree.map(lambda t: t / accum_steps, (grads, loss, acc))
         if axis_name is not None:
