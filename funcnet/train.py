@@ -24,7 +24,7 @@ from funcnet import data as _data
 from funcnet import losses as _losses
 from funcnet.nn import Module
 
-__all__ = ["TrainState", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
+__all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
 
 
 class TrainState(NamedTuple):
@@ -45,10 +45,29 @@ class TrainState(NamedTuple):
 def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax.Array, *,
                        params: Any = None, loss_scale: Any = None) -> TrainState:
     """Initialise params (unless given) and optimizer state from ``key``."""
+    _check_key(key, "create_train_state")
     init_key, key = jax.random.split(key)
     if params is None:
         params = model.init(init_key)
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale)
+
+
+class Position(NamedTuple):
+    """Where a run stands, for ``fit(start=...)``: ``epoch`` epochs are complete. Inside the
+    next one, ``perm_key`` is the key its shuffle was drawn from and ``metrics`` the per-step
+    ``{"loss", "accuracy"}`` arrays of the steps already taken (both None at an epoch boundary)."""
+
+    epoch: int = 0
+    perm_key: Any = None
+    metrics: Any = None
+
+
+def _check_key(key, where: str) -> None:
+    typed = hasattr(key, "dtype") and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = hasattr(key, "dtype") and key.dtype == jnp.uint32 and jnp.ndim(key) == 1  # jax.random.PRNGKey
+    if not (typed and jnp.shape(key) == ()) and not raw:
+        raise TypeError(f"{where}: key must be one PRNG key such as jax.random.key(0), got {key!r:.80}; "
+                        f"pass key=jax.random.key(seed)")
 
 
 def _check_batch(x, y, accum_steps: int) -> None:
@@ -153,6 +172,41 @@ def _scan_epoch(step_fn, state, x, y, batch_size):
     return jax.lax.scan(body, state._replace(key=key), indices)
 
 
+@functools.partial(jax.jit, static_argnames=("step_fn",), donate_argnames=("state",))
+def _scan_steps(step_fn, state, x, y, indices):
+    return jax.lax.scan(lambda st, idx: step_fn(st, (x[idx], y[idx])), state, indices)
+
+
+def _run_epoch_in_parts(step, state, x, y, batch_size, start: Position, every_steps, on_steps):
+    # The same batches and keys as run_epoch, scanned in stretches that end on multiples of
+    # every_steps, so on_steps can checkpoint mid-epoch and a resumed run can finish the epoch.
+    if start.perm_key is None:
+        key, perm_key = jax.random.split(state.key)
+        state, parts = state._replace(key=key), []
+    else:
+        perm_key, parts = start.perm_key, [start.metrics]
+    indices = _data.epoch_indices(perm_key, x.shape[0], batch_size)
+    done = sum(len(p["loss"]) for p in parts)
+    if done > len(indices):
+        raise ValueError(f"fit: start.metrics holds {done} steps but an epoch has {len(indices)}; "
+                         f"pass the Position saved by the same run")
+    while done < len(indices):
+        stop = len(indices)
+        if every_steps:
+            stop = min(stop, done + every_steps - int(state.step) % every_steps)
+        state, metrics = _scan_steps(step.raw, state, x, y, indices[done:stop])
+        parts.append(jax.device_get(metrics))
+        done = stop
+        if on_steps is not None and done < len(indices) and int(state.step) % every_steps == 0:
+            on_steps(state, Position(start.epoch, perm_key, _concat(parts)))
+    return state, _concat(parts)
+
+
+def _concat(parts):
+    # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
+    return jax.tree.map(lambda *p: jnp.asarray(np.concatenate([np.asarray(a) for a in p])), *parts)
+
+
 def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = True):
     """One epoch of shuffled steps: ``(state, metrics)`` with per-step metrics of shape ``(steps,)``.
 
@@ -205,16 +259,25 @@ def evaluate(model: Module, params, x, y, *, batch_size: int | None = None,
 def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=None, *,
         epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
-        on_epoch: Callable[[TrainState, dict], None] | None = None):
-    """Train for ``epochs`` epochs; ``(state, history)`` with one dict of metrics per epoch.
+        on_epoch: Callable[[TrainState, dict], None] | None = None, start: Position | None = None,
+        every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None):
+    """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
     Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
-    once. ``state`` resumes a run; ``on_epoch(state, record)`` is called after each epoch.
+    once. ``on_epoch(state, record)`` is called after each epoch; with ``every_steps=n``,
+    ``on_steps(state, position)`` is also called whenever ``state.step`` reaches a multiple
+    of n inside an epoch (same result, the epoch is scanned in stretches). To resume, pass
+    the saved ``state`` and ``start=Position(...)`` saved with it: epochs ``start.epoch + 1
+    .. epochs`` then run exactly as in an uninterrupted run.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                    or every_steps < 1):
+        raise ValueError(f"every_steps must be a positive int or None, got {every_steps!r}")
+    start = Position() if start is None else start
     x_tr, y_tr = train_data
     batch_size = _data.check_batch_size(batch_size, len(x_tr))
     step = make_step(model, tx, loss_fn, accum_steps=accum_steps)
@@ -224,9 +287,14 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn()]
     with Progress(*columns, disable=not progress, transient=False) as bar:
-        task = bar.add_task("", total=epochs)
-        for epoch in range(epochs):
-            state, metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
+        task = bar.add_task("", total=epochs, completed=start.epoch)
+        for epoch in range(start.epoch, epochs):
+            if every_steps is None and start.perm_key is None:
+                state, metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
+            else:
+                state, metrics = _run_epoch_in_parts(step, state, jnp.asarray(x_tr), jnp.asarray(y_tr),
+                                                     batch_size, start, every_steps, on_steps)
+            start = Position(epoch + 1)
             record = {"epoch": epoch + 1, "step": int(state.step),
                       "train_loss": float(np.mean(metrics["loss"])),
                       "train_accuracy": float(np.mean(metrics["accuracy"]))}
