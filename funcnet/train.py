@@ -22,6 +22,7 @@ import optax
 
 from funcnet import data as _data
 from funcnet import losses as _losses
+from funcnet import precision as _precision
 from funcnet.nn import Module
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
@@ -43,12 +44,18 @@ class TrainState(NamedTuple):
 
 
 def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax.Array, *,
-                       params: Any = None, loss_scale: Any = None) -> TrainState:
-    """Initialise params (unless given) and optimizer state from ``key``."""
+                       params: Any = None, loss_scale: Any = None, policy: Any = None) -> TrainState:
+    """Initialise params (unless given) and optimizer state from ``key``.
+
+    ``loss_scale``: a ``funcnet.precision`` loss-scale state (e.g. ``DynamicLossScale()``);
+    ``policy``: the params are stored in its ``param_dtype`` (the master copy).
+    """
     _check_key(key, "create_train_state")
     init_key, key = jax.random.split(key)
     if params is None:
         params = model.init(init_key)
+    if policy is not None:
+        params = _precision.get_policy(policy).cast_to_param(params)
     return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale)
 
 
@@ -91,6 +98,7 @@ def make_step(
     accum_steps: int = 1,
     axis_name: str | None = None,
     donate: bool = True,
+    policy: Any = None,
 ):
     """A compiled, pure training step ``step(state, (x, y)) -> (state, {"loss", "accuracy"})``.
 
@@ -102,16 +110,30 @@ def make_step(
       times, then step" without a mutable ``.grad``.
     - ``axis_name``: gradients and metrics are averaged with ``lax.pmean`` over that
       named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it.
+    - ``policy`` (a ``funcnet.precision.Policy`` or a string such as ``"bf16"``): the
+      forward and backward pass run on a ``compute_dtype`` copy of params and inputs
+      (torch: ``autocast``); logits are cast to ``output_dtype`` before the loss.
+    - ``state.loss_scale`` (torch: ``GradScaler``): when not None the loss is scaled,
+      the gradients unscaled in float32, and a step whose scaled gradients are not all
+      finite keeps params and optimizer state (optax's count too) exactly, as
+      ``scaler.step`` skips ``optimizer.step()``; the scale is then adjusted. All on
+      device; metrics gain ``"loss_scale"`` (the scale this step used) and ``"grads_finite"``.
 
     ``step.raw`` is the uncompiled function, for use inside other transformations
     (``run_epoch`` scans it).
     """
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
         raise ValueError(f"accum_steps must be a positive int, got {accum_steps!r}")
+    policy = None if policy is None else _precision.get_policy(policy)
 
-    def loss_and_logits(params, x, y, key):
+    def loss_and_logits(params, x, y, key, loss_scale):
+        if policy is not None:
+            params, x = policy.cast_to_compute((params, x))
         logits = model.apply(params, x, key=key, train=True)
-        return loss_fn(logits, y), logits
+        if policy is not None:
+            logits = policy.cast_to_output(logits)
+        loss = loss_fn(logits, y)
+        return (loss if loss_scale is None else loss_scale.scale(loss)), (loss, logits)
 
     grad_fn = jax.value_and_grad(loss_and_logits, has_aux=True)
 
@@ -127,7 +149,7 @@ def make_step(
             # transpose of the implicit broadcast is a psum); the pmean below is the all-reduce.
             grad_params = jax.lax.pcast(state.params, axis_name, to="varying")
         if accum_steps == 1:
-            (loss, logits), grads = grad_fn(grad_params, x, y, dropout_key)
+            (_, (loss, logits)), grads = grad_fn(grad_params, x, y, dropout_key, state.loss_scale)
             acc = _losses.accuracy(logits, y)
         else:
             micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
@@ -136,7 +158,7 @@ def make_step(
 
             def micro(total, inputs):
                 xb, yb, k = inputs
-                (loss_b, logits_b), grads_b = grad_fn(grad_params, xb, yb, k)
+                (_, (loss_b, logits_b)), grads_b = grad_fn(grad_params, xb, yb, k, state.loss_scale)
                 total = jax.tree.map(jnp.add, total, (grads_b, loss_b, _losses.accuracy(logits_b, yb)))
                 return total, None
 
@@ -147,10 +169,19 @@ def make_step(
             grads, loss, acc = jax.tree.map(lambda t: t / accum_steps, (grads, loss, acc))
         if axis_name is not None:
             grads, loss, acc = jax.lax.pmean((grads, loss, acc), axis_name)
+        metrics = {"loss": loss, "accuracy": acc}
+        loss_scale = state.loss_scale
+        if loss_scale is not None:
+            finite = _precision.all_finite(grads)  # of the scaled gradients, as GradScaler checks them
+            grads = loss_scale.unscale(grads)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new_state = TrainState(params, opt_state, state.step + 1, key, state.loss_scale)
-        return new_state, {"loss": loss, "accuracy": acc}
+        if loss_scale is not None:
+            params, opt_state = _precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
+            metrics.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
+            loss_scale = loss_scale.adjust(finite)
+        new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale)
+        return new_state, metrics
 
     donate_argnums = (0,) if donate else ()
     if axis_name is not None:
@@ -260,7 +291,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
         on_epoch: Callable[[TrainState, dict], None] | None = None, start: Position | None = None,
-        every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None):
+        every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None,
+        policy: Any = None, loss_scale: Any = None):
     """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
     Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
@@ -268,7 +300,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     ``on_steps(state, position)`` is also called whenever ``state.step`` reaches a multiple
     of n inside an epoch (same result, the epoch is scanned in stretches). To resume, pass
     the saved ``state`` and ``start=Position(...)`` saved with it: epochs ``start.epoch + 1
-    .. epochs`` then run exactly as in an uninterrupted run.
+    .. epochs`` then run exactly as in an uninterrupted run. ``policy`` and ``loss_scale``
+    (the initial loss-scale state of a new run) are ``make_step``'s and ``create_train_state``'s;
+    with a loss scale each record also gives ``skipped_steps`` and the last ``loss_scale``.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -280,9 +314,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     start = Position() if start is None else start
     x_tr, y_tr = train_data
     batch_size = _data.check_batch_size(batch_size, len(x_tr))
-    step = make_step(model, tx, loss_fn, accum_steps=accum_steps)
+    step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy)
     if state is None:
-        state = create_train_state(model, tx, key)
+        state = create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
     history = []
     columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn()]
@@ -298,6 +332,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
             record = {"epoch": epoch + 1, "step": int(state.step),
                       "train_loss": float(np.mean(metrics["loss"])),
                       "train_accuracy": float(np.mean(metrics["accuracy"]))}
+            if "grads_finite" in metrics:
+                record.update(skipped_steps=int(np.sum(~np.asarray(metrics["grads_finite"]))),
+                              loss_scale=float(state.loss_scale.loss_scale))
             if test_data is not None:
                 scores = evaluate(model, state.params, *test_data, loss_fn=loss_fn)
                 record.update(test_loss=scores["loss"], test_accuracy=scores["accuracy"])
