@@ -22,13 +22,21 @@ _NOT_YET = {
     "precision": ("fp32", "--precision"),
     "devices": (1, "--devices"),
     "parallel": (None, "--parallel"),
-    "checkpoint_dir": (None, "--checkpoint-dir"),
-    "resume": (False, "--resume"),
 }
+
+# Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
+# a resumed run writes the same file as an uninterrupted one.
+_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every")
 
 
 class UsageError(ValueError):
     """A bad flag value; printed as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, like every other error of the command, instead of argparse's usage block.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _positive_int(text: str) -> int:
@@ -46,13 +54,13 @@ def _positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="funcnet", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train an MLP and write metrics.json, params.npz and loss.png")
@@ -68,8 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", type=_positive_int, default=1)
     t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--checkpoint-dir", default=None)
-    t.add_argument("--resume", action="store_true")
+    t.add_argument("--checkpoint-dir", default=None,
+                   help="save the whole training state there after every epoch (keeps the newest 3)")
+    t.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
+                   help="also save every N steps inside an epoch (needs --checkpoint-dir)")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted")
     t.add_argument("--out", default="runs/train", help="output folder (created if missing)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -94,21 +106,27 @@ def train_command(args) -> dict:
     from funcnet import data, nn, state_dict, train
 
     _reject_unsupported(args)
+    _check_flags(args)
     (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
-    data.check_batch_size(args.batch_size, len(x_tr))
+    if args.batch_size > len(x_tr):
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(x_tr)} training examples of "
+                         f"{args.dataset}; use --batch-size <= {len(x_tr)}")
     n_classes = int(max(y_tr.max(), y_te.max())) + 1
     model = nn.MLP([x_tr.shape[1], *args.hidden, n_classes])
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
 
+    config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
+    done, resume_kwargs = _checkpointing(args, config, model, tx)
+
     start = time.perf_counter()
     state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
                                batch_size=args.batch_size, key=jax.random.key(args.seed),
-                               progress=not args.quiet)
+                               progress=not args.quiet, **resume_kwargs)
     seconds = time.perf_counter() - start
+    history = done + history
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {k: v for k, v in vars(args).items() if k not in ("command", "quiet", "out")}
     metrics = {"config": config, "model": [x_tr.shape[1], *args.hidden, n_classes],
                "history": history, "final": history[-1] if history else {}}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
@@ -119,6 +137,78 @@ def train_command(args) -> dict:
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+def _check_flags(args) -> None:
+    if args.dataset == "mnist" and args.data_dir is None:
+        raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
+                         "(nothing is downloaded)")
+    if args.data_dir is not None and args.dataset != "mnist":
+        raise UsageError(f"--data-dir {args.data_dir} is only read with --dataset mnist; leave it out for "
+                         f"--dataset {args.dataset}")
+    if args.checkpoint_dir is None:
+        for flag, value in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
+            if value:
+                raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
+    elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+
+
+def _checkpointing(args, config, model, tx):
+    """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
+    epoch (and every --checkpoint-every steps) and, with --resume, the state and position of
+    the newest checkpoint there. Each checkpoint's metadata holds the flags, the history so
+    far and the position inside the epoch, so a resumed run ends with the same metrics."""
+    if args.checkpoint_dir is None:
+        return [], {}
+    import jax
+    import numpy as np
+
+    from funcnet import checkpoint, train
+
+    directory = Path(args.checkpoint_dir)
+    newest = checkpoint.latest_step(directory)
+    done, kwargs = [], {}
+    if args.resume:
+        if newest is None:
+            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {directory}; run without --resume "
+                                             f"to start a fresh run there")
+        meta = checkpoint.read_metadata(directory, newest)
+        changed = [f"--{k.replace('_', '-')} {meta['config'].get(k)} (now {config.get(k)})"
+                   for k in sorted(set(meta["config"]) | set(config))
+                   if k != "epochs" and meta["config"].get(k) != config.get(k)]
+        if changed:
+            raise UsageError(f"--resume: the run in {directory} was started with " + ", ".join(changed)
+                             + "; pass the same flags (only --epochs may change) or use a new --checkpoint-dir")
+        state = checkpoint.restore(directory, train.create_train_state(model, tx, jax.random.key(0)), newest)
+        pos, done = meta["position"], meta["history"]
+        start = train.Position(pos["epoch"])
+        if "perm_key" in pos:  # a checkpoint taken inside an epoch
+            start = start._replace(
+                perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
+                metrics={k: np.asarray(pos[k], np.float32) for k in ("loss", "accuracy")})
+        if start.epoch + (start.perm_key is not None) > args.epochs:
+            raise UsageError(f"--resume: the checkpoint in {directory} is past epoch {start.epoch}; "
+                             f"pass --epochs {start.epoch + 1} or more")
+        kwargs.update(state=state, start=start)
+    elif newest is not None:
+        raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step {newest}); pass "
+                         f"--resume to continue that run, or choose an empty folder")
+
+    def on_epoch(state, record):
+        done.append(record)
+        checkpoint.save(directory, state, step=int(state.step),
+                        metadata={"config": config, "history": done, "position": {"epoch": record["epoch"]}})
+
+    def on_steps(state, position):
+        inside = {"epoch": position.epoch, "perm_key": jax.random.key_data(position.perm_key).tolist(),
+                  "key_impl": str(jax.random.key_impl(position.perm_key)),
+                  **{k: np.asarray(v).tolist() for k, v in position.metrics.items()}}
+        checkpoint.save(directory, state, step=int(state.step),
+                        metadata={"config": config, "history": done, "position": inside})
+
+    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=on_steps)
+    return list(done), kwargs
 
 
 def _plot_loss(history, path: Path) -> None:
@@ -153,9 +243,14 @@ def main(argv: list[str] | None = None) -> int:
             train_command(args)
         elif args.command == "info":
             info_command(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"funcnet {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # UsageError, CheckpointError, missing files, unwritable folders
+        # Strict-restore errors list one problem per line; the command reports in one line.
+        message = " ".join(line.strip() for line in str(e).splitlines())
+        print(f"funcnet {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"funcnet {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
