@@ -356,7 +356,8 @@ def run(opts: Options = Options()) -> Result:
         notes="Weights are torch's (seed 0), moved with funcnet.interop.from_torch; perturb is added to the JAX "
               "copies of model_a's 2.bias[0] and Net's fc2.bias[0]. The RNGs differ, so dropout is "
               "compared by statistics: kept fraction, scale, and the mean over masks (inverted dropout is "
-              "unbiased, so it equals the no-dropout output).",
+              "unbiased, so it equals the no-dropout output). The jitted functions are defined inside each run, "
+              "so every run counts its own traces; the JAX time is mostly their compiles.",
         series={"graphs recorded (torch) / traces (JAX) after each call": {
             "torch graphs recorded, same shape": t_counts[0],
             "JAX traces, same shape": same,
