@@ -310,3 +310,92 @@ def test_bad_static_scale_and_flags():
         DynamicLossScale(init_scale="1e4")
     with pytest.raises(ValueError, match=r"grads_finite must be a scalar bool, got dtype float32 shape \(\)"):
         DynamicLossScale().adjust(jnp.float32(1.0))
+
+
+# ---------------------------------------------------------------- in the training step
+
+def _tree_equal(a, b):
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+@pytest.fixture(scope="module")
+def digits():
+    from funcnet import data
+
+    return data.load("digits")
+
+
+def test_non_finite_step_is_skipped_exactly(digits):
+    import optax
+
+    from funcnet import nn, train
+
+    (x, y), _ = digits
+    x, y = jnp.asarray(x[:32]), jnp.asarray(y[:32])
+    model, tx = nn.MLP([64, 32, 10]), optax.adam(1e-2)
+    step = train.make_step(model, tx, policy="fp16", donate=False)
+    state = train.create_train_state(model, tx, jax.random.key(1), loss_scale=DynamicLossScale(growth_interval=3))
+    state1, m1 = step(state, (x, y))
+    assert bool(m1["grads_finite"]) and not _tree_equal(state1.params, state.params)
+    state2, m2 = step(state1, (x.at[0, 0].set(jnp.inf), y))  # one bad input: NaN gradients everywhere
+    assert not bool(m2["grads_finite"])
+    assert _tree_equal(state2.params, state1.params) and _tree_equal(state2.opt_state, state1.opt_state)
+    assert int(optax.tree_utils.tree_get(state2.opt_state, "count")) == 1  # adam's step count did not move
+    assert float(state2.loss_scale.loss_scale) == 2.0**15 and int(state2.loss_scale.counter) == 0
+    assert int(state2.step) == 2  # batches seen, skipped or not
+    state3, m3 = step(state2, (x, y))
+    assert bool(m3["grads_finite"]) and int(optax.tree_utils.tree_get(state3.opt_state, "count")) == 2
+    assert float(m3["loss_scale"]) == 2.0**15 and not _tree_equal(state3.params, state2.params)
+
+
+def test_power_of_two_loss_scale_leaves_float32_training_unchanged(digits):
+    # oracle: the plain step. Scaling by 2**k and unscaling is exact in float32, so a
+    # scaled run must produce the same bits as an unscaled one
+    import optax
+
+    from funcnet import nn, train
+
+    (x, y), _ = digits
+    model, tx = nn.MLP([64, 32, 10]), optax.sgd(0.1)
+    step = train.make_step(model, tx, donate=False)
+    plain = train.create_train_state(model, tx, jax.random.key(2))
+    scaled = train.create_train_state(model, tx, jax.random.key(2),  # same seed, its own key object
+                                      loss_scale=DynamicLossScale(init_scale=2.0**20, growth_interval=2))
+    for i in range(6):
+        batch = (jnp.asarray(x[32 * i:32 * (i + 1)]), jnp.asarray(y[32 * i:32 * (i + 1)]))
+        plain, _ = step(plain, batch)
+        scaled, m = step(scaled, batch)
+        assert bool(m["grads_finite"])
+    assert _tree_equal(scaled.params, plain.params) and float(scaled.loss_scale.loss_scale) == 2.0**23
+
+
+def test_mixed_precision_training_matches_fp32_accuracy(digits):
+    import optax
+
+    from funcnet import nn, train
+
+    train_data, (x_test, y_test) = digits
+    model = nn.MLP([64, 128, 10])
+
+    def accuracy_in(policy, params):  # evaluated in the compute dtype, as autocast inference would run
+        p = get_policy(policy)
+        logits = model.apply(p.cast_to_compute(params), p.cast_to_compute(jnp.asarray(x_test)))
+        return float(np.mean(np.asarray(jnp.argmax(logits, -1)) == y_test))
+
+    results = {}
+    for policy, loss_scale in [("fp32", None), ("bf16", None),
+                               # 2**24 overflows float16 at first: the scaler must back off and skip
+                               ("fp16", DynamicLossScale(init_scale=2.0**24, growth_interval=100))]:
+        state, history = train.fit(model, optax.adam(1e-3), train_data, epochs=8, batch_size=32,
+                                   key=jax.random.key(0), progress=False, policy=policy, loss_scale=loss_scale)
+        results[policy] = accuracy_in(policy, state.params), history
+        assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state.params))  # master weights
+    fp32 = results["fp32"][0]
+    assert fp32 > 0.9
+    for policy in ("bf16", "fp16"):
+        assert abs(results[policy][0] - fp32) <= 0.01, (policy, results[policy][0], fp32)
+    fp16_history = results["fp16"][1]
+    assert fp16_history[0]["skipped_steps"] >= 3  # 2**24 -> 2**21 or below before the first update
+    assert sum(r["skipped_steps"] for r in fp16_history) < 0.05 * fp16_history[-1]["step"]
