@@ -20,8 +20,6 @@ __all__ = ["main", "build_parser"]
 # anything but their neutral value is an error, never silently ignored.
 _NOT_YET = {
     "precision": ("fp32", "--precision"),
-    "devices": (1, "--devices"),
-    "parallel": (None, "--parallel"),
 }
 
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
@@ -107,6 +105,9 @@ def train_command(args) -> dict:
 
     _reject_unsupported(args)
     _check_flags(args)
+    data_parallel = args.devices > 1 or args.parallel is not None
+    if data_parallel:
+        _parallel_flags(args)
     (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
     if args.batch_size > len(x_tr):
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(x_tr)} training examples of "
@@ -119,9 +120,16 @@ def train_command(args) -> dict:
     done, resume_kwargs = _checkpointing(args, config, model, tx)
 
     start = time.perf_counter()
-    state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                               batch_size=args.batch_size, key=jax.random.key(args.seed),
-                               progress=not args.quiet, **resume_kwargs)
+    if data_parallel:
+        from funcnet import parallel
+
+        state, history = parallel.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
+                                      batch_size=args.batch_size, key=jax.random.key(args.seed),
+                                      kind=args.parallel, devices=args.devices)
+    else:
+        state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
+                                   batch_size=args.batch_size, key=jax.random.key(args.seed),
+                                   progress=not args.quiet, **resume_kwargs)
     seconds = time.perf_counter() - start
     history = done + history
 
@@ -139,6 +147,25 @@ def train_command(args) -> dict:
     return metrics
 
 
+def _parallel_flags(args) -> None:
+    """--devices N / --parallel KIND (default shard_map). On a CPU-only machine the N devices
+    are simulated, which must happen before JAX's backend starts: importing funcnet does
+    not start it, and nothing before this call creates an array."""
+    from funcnet import parallel
+
+    if args.checkpoint_dir is not None:
+        raise UsageError("--checkpoint-dir is not supported with --devices/--parallel yet; leave one of them out")
+    if args.batch_size % args.devices:
+        lo, hi = args.batch_size // args.devices * args.devices, (args.batch_size // args.devices + 1) * args.devices
+        raise UsageError(f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
+                         f"use a multiple of {args.devices} (e.g. {f'{lo} or ' if lo else ''}{hi})")
+    args.parallel = args.parallel or "shard_map"
+    try:
+        parallel.simulate_cpu_devices(args.devices)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+
+
 def _check_flags(args) -> None:
     if args.dataset == "mnist" and args.data_dir is None:
         raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
@@ -152,6 +179,8 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a file; pass a folder (created if missing)")
 
 
 def _checkpointing(args, config, model, tx):
@@ -187,9 +216,10 @@ def _checkpointing(args, config, model, tx):
             start = start._replace(
                 perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
                 metrics={k: np.asarray(pos[k], np.float32) for k in ("loss", "accuracy")})
-        if start.epoch + (start.perm_key is not None) > args.epochs:
-            raise UsageError(f"--resume: the checkpoint in {directory} is past epoch {start.epoch}; "
-                             f"pass --epochs {start.epoch + 1} or more")
+        reached = start.epoch + (start.perm_key is not None)
+        if reached > args.epochs:
+            raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
+                             f"{args.epochs}; pass --epochs {reached} or more")
         kwargs.update(state=state, start=start)
     elif newest is not None:
         raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step {newest}); pass "

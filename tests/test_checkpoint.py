@@ -1,0 +1,322 @@
+"""Checkpoints: bitwise round trips, atomic saves under crashes and SIGKILL, strict and
+verified restores, and resumed training equal to uninterrupted training."""
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from funcnet import checkpoint, data, nn, precision, train
+from funcnet.checkpoint import CheckpointError
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(hidden, optimizer):
+    model = nn.MLP([8, hidden, 3])
+    tx = optax.adam(1e-2) if optimizer == "adam" else optax.sgd(0.1, momentum=0.9)
+    return model, tx, train.make_step(model, tx)  # compiled once per setup, not per test
+
+
+def _trained_state(hidden=16, optimizer="adam", steps=3, loss_scale=None):
+    """A state whose optimizer moments, step and key have all moved away from their initial values."""
+    model, tx, step = _setup(hidden, optimizer)
+    state = train.create_train_state(model, tx, jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (12, 8))
+    y = jnp.arange(12, dtype=jnp.int32) % 3
+    for _ in range(steps):
+        state, _ = step(state, (x, y))
+    return state._replace(loss_scale=loss_scale)
+
+
+def _raw(leaf):
+    """(dtype, shape, bytes) of a leaf; typed keys by their key data. Bytes, so NaN == NaN."""
+    if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return ("key", str(jax.random.key_impl(leaf)), np.asarray(jax.random.key_data(leaf)).tobytes())
+    a = np.asarray(leaf)
+    return (a.dtype.str, a.shape, a.tobytes())
+
+
+def _same_bits(a, b):
+    return (jax.tree.structure(a) == jax.tree.structure(b)
+            and [_raw(x) for x in jax.tree.leaves(a)] == [_raw(x) for x in jax.tree.leaves(b)])
+
+
+def test_round_trip_is_bitwise_for_every_leaf(tmp_path):
+    scale = precision.DynamicLossScale(growth_interval=3).adjust(jnp.bool_(True)).adjust(jnp.bool_(False))
+    state = _trained_state(loss_scale=scale)
+    odd = {"bf16": jnp.array([1.5, -0.0, jnp.nan, jnp.inf], jnp.bfloat16), "empty": jnp.zeros((0, 3)),
+           "raw_key": jax.random.PRNGKey(3), "flag": np.array(True), "count": 5}
+    expected = [_raw(x) for x in jax.tree.leaves(state)]  # taken before anything can alias it
+    checkpoint.save(tmp_path, (state, odd), step=3, metadata={"note": "x", "loss": [0.1, float("nan")]})
+
+    template = (_trained_state(loss_scale=precision.DynamicLossScale(growth_interval=3), steps=0),
+                {"bf16": jnp.zeros(4, jnp.bfloat16), "empty": jnp.ones((0, 3)), "raw_key": jax.random.PRNGKey(0),
+                 "flag": np.array(False), "count": 0})
+    got_state, got_odd = checkpoint.restore(tmp_path, template)
+    assert [_raw(x) for x in jax.tree.leaves(got_state)] == expected
+    assert isinstance(got_state, train.TrainState) and jax.tree.structure(got_state) == jax.tree.structure(state)
+    assert _same_bits(got_odd, odd) and got_odd["count"] == 5 and type(got_odd["count"]) is int
+    assert int(got_state.step) == 3 and got_state.opt_state[0].count == 3
+    assert float(got_state.loss_scale.loss_scale) == 2.0**15  # halved once by the non-finite step
+    meta = checkpoint.read_metadata(tmp_path)
+    assert meta["note"] == "x" and np.isnan(meta["loss"][1])
+    # an abstract template (no arrays allocated) restores the same bits
+    abstract = jax.eval_shape(lambda: _trained_state(loss_scale=scale, steps=0))
+    checkpoint.save(tmp_path / "b", state, step=3)
+    assert [_raw(x) for x in jax.tree.leaves(checkpoint.restore(tmp_path / "b", abstract))] == expected
+
+
+def test_restored_key_continues_the_same_random_stream(tmp_path):
+    state = _trained_state()
+    checkpoint.save(tmp_path, state, step=1)
+    back = checkpoint.restore(tmp_path, _trained_state(steps=0))
+    assert np.array_equal(jax.random.uniform(state.key, (5,)), jax.random.uniform(back.key, (5,)))
+
+
+def test_keeps_the_newest_k_and_refuses_to_go_back(tmp_path):
+    state = _trained_state(steps=0)
+    for s in (10, 20, 30, 40):
+        checkpoint.save(tmp_path, state, step=s, keep=2)
+    assert checkpoint.all_steps(tmp_path) == [30, 40] and checkpoint.latest_step(tmp_path) == 40
+    assert sorted(os.listdir(tmp_path)) == ["step_00000030.ckpt", "step_00000040.ckpt"]
+    checkpoint.save(tmp_path, state, step=40, keep=2)  # the same step again: replaced in place
+    with pytest.raises(CheckpointError, match=r"step 35 is older than the newest checkpoint .* \(step 40\)"):
+        checkpoint.save(tmp_path, state, step=35)
+    with pytest.raises(ValueError, match=r"keep must be a positive integer or None \(keep all\), got 0"):
+        checkpoint.save(tmp_path, state, step=50, keep=0)
+    with pytest.raises(TypeError, match="step must be a non-negative integer, got 1.5"):
+        checkpoint.save(tmp_path, state, step=1.5)
+    assert checkpoint.latest_step(tmp_path / "nowhere") is None
+
+
+class _DiesHalfway:
+    """A file object that writes half of what it is given, then fails like a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+    def write(self, data):
+        self.f.write(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+
+def test_a_save_failing_midway_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    first = _trained_state(steps=1)
+    checkpoint.save(tmp_path, first, step=1)
+    expected = [_raw(x) for x in jax.tree.leaves(first)]
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode: _DiesHalfway(open(path, mode)), raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(tmp_path, _trained_state(steps=2), step=2)
+    monkeypatch.undo()
+    assert checkpoint.latest_step(tmp_path) == 1
+    assert os.listdir(tmp_path) == ["step_00000001.ckpt"]  # the half-written temporary file is gone
+    assert [_raw(x) for x in jax.tree.leaves(checkpoint.restore(tmp_path, _trained_state(steps=0)))] == expected
+
+
+def test_sigkill_during_save_leaves_the_previous_checkpoint(tmp_path):
+    # A real kill: the child dies inside save(), after writing the new file's bytes and
+    # before the rename that would publish it.
+    script = textwrap.dedent(f"""
+        import os, signal, jax, optax
+        from funcnet import checkpoint, nn, train
+        model, tx = nn.MLP([8, 16, 3]), optax.adam(1e-2)
+        state = train.create_train_state(model, tx, jax.random.key(0))
+        checkpoint.save({str(tmp_path)!r}, state, step=1)
+        os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)
+        checkpoint.save({str(tmp_path)!r}, state._replace(step=state.step + 1), step=2)
+        print("not reached")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert "not reached" not in proc.stdout
+    leftovers = [n for n in os.listdir(tmp_path) if n.startswith(".step_00000002.ckpt.tmp-")]
+    assert len(leftovers) == 1 and (tmp_path / leftovers[0]).stat().st_size > 0
+    assert checkpoint.all_steps(tmp_path) == [1]
+    template = train.create_train_state(nn.MLP([8, 16, 3]), optax.adam(1e-2), jax.random.key(5))
+    expected = train.create_train_state(nn.MLP([8, 16, 3]), optax.adam(1e-2), jax.random.key(0))
+    assert _same_bits(checkpoint.restore(tmp_path, template), expected)
+    checkpoint.save(tmp_path, expected, step=2)  # the next save clears the dead writer's file
+    assert sorted(os.listdir(tmp_path)) == ["step_00000001.ckpt", "step_00000002.ckpt"]
+
+
+def _damage(path, how):
+    raw = path.read_bytes()
+    if how == "flipped byte":
+        raw = raw[:-100] + bytes([raw[-100] ^ 0x01]) + raw[-99:]
+    elif how == "truncated":
+        raw = raw[: len(raw) - 1000]
+    elif how == "truncated header":
+        raw = raw[:20]
+    elif how == "empty":
+        raw = b""
+    elif how == "not a checkpoint":
+        raw = b"PK\x03\x04" + raw[4:]
+    path.write_bytes(raw)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("flipped byte", r"is corrupt: its SHA-256 does not match"),
+    ("truncated", r"is truncated: header says \d+ payload bytes, found \d+"),
+    ("truncated header", r"is truncated: 20 bytes, shorter than its 56-byte header"),
+    ("empty", r"is truncated: 0 bytes"),
+    ("not a checkpoint", r"is not a funcnet checkpoint \(starts with b'PK"),
+])
+def test_damaged_files_are_refused_by_name(tmp_path, how, message):
+    state = _trained_state(steps=0)
+    checkpoint.save(tmp_path, state, step=1)
+    path = checkpoint.save(tmp_path, state, step=2)
+    _damage(path, how)
+    with pytest.raises(CheckpointError, match=message) as err:
+        checkpoint.restore(tmp_path, state)
+    assert "step_00000002.ckpt" in str(err.value)
+    if how != "not a checkpoint":
+        assert "delete step_00000002.ckpt to fall back to the previous checkpoint" in str(err.value)
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.read_metadata(tmp_path)
+    assert _same_bits(checkpoint.restore(tmp_path, state, step=1), state)
+
+
+def test_a_different_model_is_reported_path_by_path(tmp_path):
+    checkpoint.save(tmp_path, _trained_state(hidden=16), step=3)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.restore(tmp_path, _trained_state(hidden=32, steps=0))
+    text = str(err.value)
+    assert "step_00000003.ckpt (step 3) does not match the template" in text
+    # every mismatching leaf, params and Adam moments alike, with expected vs got
+    for path in ("params/0/weight", "params/0/bias", "params/2/weight", "opt_state/0/mu/0/weight",
+                 "opt_state/0/nu/2/weight"):
+        assert path + ": expected float32[" in text, path
+    assert "params/0/weight: expected float32[32, 8], got float32[16, 8]" in text
+    assert "params/2/bias" not in text  # (3,) in both models
+    assert "same model, optimizer and loss scale" in text
+
+
+def test_a_wrong_template_lists_missing_unexpected_dtype_and_key_problems(tmp_path):
+    checkpoint.save(tmp_path, _trained_state(), step=3)
+    sgd = _trained_state(optimizer="sgd", steps=0)
+    template = sgd._replace(params=jax.tree.map(lambda a: a.astype(jnp.bfloat16), sgd.params),
+                            key=jax.random.PRNGKey(0), loss_scale=precision.StaticLossScale(128.0))
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.restore(tmp_path, template)
+    text = str(err.value)
+    assert "missing (in the template, not in the checkpoint): opt_state/0/trace/0/bias" in text
+    assert "loss_scale/loss_scale" in text.split("missing")[1].split("\n")[0]
+    assert "unexpected (in the checkpoint, not in the template): opt_state/0/count, opt_state/0/mu/0/bias" in text
+    assert "params/0/weight: expected bfloat16[16, 8], got float32[16, 8]" in text
+    assert "key: expected uint32[2], got a PRNG key (threefry2x32) of shape ()" in text
+
+
+def test_missing_directory_step_and_empty_directory_are_named(tmp_path):
+    state = _trained_state(steps=0)
+    with pytest.raises(CheckpointError, match=f"no checkpoint directory {tmp_path / 'nope'}"):
+        checkpoint.restore(tmp_path / "nope", state)
+    with pytest.raises(CheckpointError, match=r"no checkpoint in .* \(no step_\*\.ckpt files\)"):
+        checkpoint.restore(tmp_path, state)
+    checkpoint.save(tmp_path, state, step=4)
+    with pytest.raises(CheckpointError, match="no checkpoint for step 5 in .*; available steps: 4"):
+        checkpoint.restore(tmp_path, state, step=5)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(CheckpointError, match="exists and is not a directory"):
+        checkpoint.save(tmp_path / "file", state, step=1)
+
+
+def test_fit_resumed_from_a_mid_epoch_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    # Oracle: the plain run (one compiled scan per epoch, no hooks).
+    (x, y), test = data.load("digits")
+    x, y = x[:1200], y[:1200]
+    model, tx = nn.MLP([64, 32, 10], dropout=0.1), optax.adam(1e-3)
+    # 24 steps per epoch and stretches of 8: every stretch has one length, so one compile per fit
+    kwargs = dict(epochs=3, batch_size=50, progress=False)
+    plain, plain_history = train.fit(model, tx, (x, y), test, key=jax.random.key(0), **kwargs)
+
+    def on_steps(state, position):
+        metrics = {k: np.asarray(v).tolist() for k, v in position.metrics.items()}
+        checkpoint.save(tmp_path, state, step=int(state.step), keep=None, metadata={
+            "epoch": position.epoch, "perm_key": jax.random.key_data(position.perm_key).tolist(), **metrics})
+
+    hooked, hooked_history = train.fit(model, tx, (x, y), test, key=jax.random.key(0), every_steps=8,
+                                       on_steps=on_steps, **kwargs)
+    assert _same_bits(hooked.params, plain.params) and hooked_history == plain_history
+    assert checkpoint.all_steps(tmp_path) == [8, 16, 32, 40, 56, 64]  # 24 and 48 end epochs
+
+    meta = checkpoint.read_metadata(tmp_path, 40)  # 16 steps into epoch 2
+    assert meta["epoch"] == 1 and len(meta["loss"]) == 16
+    start = train.Position(meta["epoch"], jax.random.wrap_key_data(np.asarray(meta["perm_key"], np.uint32)),
+                           {k: np.asarray(meta[k], np.float32) for k in ("loss", "accuracy")})
+    template = train.create_train_state(model, tx, jax.random.key(9))
+    state = checkpoint.restore(tmp_path, template, step=40)
+    resumed, resumed_history = train.fit(model, tx, (x, y), test, key=jax.random.key(9), state=state,
+                                         start=start, every_steps=8, **kwargs)
+    assert _same_bits(resumed, plain)
+    assert resumed_history == plain_history[1:]
+
+
+def test_cli_resumed_from_a_mid_epoch_checkpoint_writes_the_uninterrupted_files(tmp_path):
+    from funcnet.cli import main
+
+    # 1437 // 71 = 20 steps per epoch, checkpoints every 10 steps: 10, 20 (end of epoch 1), 30, 40
+    flags = ["train", "--quiet", "--epochs", "2", "--hidden", "16", "--batch-size", "71"]
+    ckpt = tmp_path / "ckpt"
+    assert main([*flags, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", "--out", str(tmp_path / "a")]) == 0
+    assert checkpoint.all_steps(ckpt) == [20, 30, 40]
+    checkpoint.checkpoint_path(ckpt, 40).unlink()  # as if killed right after step 30 was saved
+    position = checkpoint.read_metadata(ckpt)["position"]
+    assert position["epoch"] == 1 and len(position["loss"]) == 10 and "perm_key" in position
+    assert main([*flags, "--checkpoint-dir", str(ckpt), "--resume", "--out", str(tmp_path / "resumed")]) == 0
+    assert main([*flags, "--out", str(tmp_path / "plain")]) == 0
+    for name in ("metrics.json", "params.npz"):
+        assert (tmp_path / "resumed" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+
+
+def _cli(*args, **popen):
+    cmd = [sys.executable, "-m", "funcnet.cli", "train", "--quiet", *map(str, args)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def test_killed_cli_run_resumes_to_the_uninterrupted_result(tmp_path):
+    flags = ["--epochs", 200, "--hidden", 32, "--seed", 3]
+    ckpt = tmp_path / "ckpt"
+    t0 = time.perf_counter()
+    victim = _cli(*flags, "--checkpoint-dir", ckpt, "--out", tmp_path / "killed")
+    deadline = time.monotonic() + 120
+    while checkpoint.latest_step(ckpt) is None and victim.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert victim.poll() is None, f"the run ended before it could be killed: {victim.communicate()}"
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    t_killed = time.perf_counter()
+    assert victim.returncode == -signal.SIGKILL
+    killed_at = checkpoint.latest_step(ckpt)
+    assert killed_at is not None and killed_at < 200 * 44 and not (tmp_path / "killed").exists()
+
+    resumed = _cli(*flags, "--checkpoint-dir", ckpt, "--resume", "--out", tmp_path / "resumed")
+    assert resumed.wait(timeout=300) == 0, resumed.communicate()
+    t_resumed = time.perf_counter()
+    whole = _cli(*flags, "--out", tmp_path / "whole")
+    assert whole.wait(timeout=300) == 0, whole.communicate()
+    t_whole = time.perf_counter()
+    print(f"\nkilled at step {killed_at} after {t_killed - t0:.1f} s; resume {t_resumed - t_killed:.1f} s; "
+          f"uninterrupted {t_whole - t_resumed:.1f} s")
+
+    got, want = np.load(tmp_path / "resumed" / "params.npz"), np.load(tmp_path / "whole" / "params.npz")
+    assert sorted(got.files) == sorted(want.files) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for name in want.files:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+    assert (tmp_path / "resumed" / "metrics.json").read_bytes() == (tmp_path / "whole" / "metrics.json").read_bytes()
+    assert json.loads((tmp_path / "whole" / "metrics.json").read_text())["final"]["step"] == 200 * 44

@@ -1,0 +1,235 @@
+"""The ``funcnet`` command: bad input gets one line and exit status 2, defaults reach 95 %
+on digits, the same seed writes the same metrics.json.
+
+The tables below also generate docs/errors.md from real runs:
+``python tests/test_cli.py docs/errors.md``.
+"""
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# (flags after `funcnet train`, a fragment of the message that names the bad value)
+CLI_CASES = [
+    (["--batch-size", "0"], "argument --batch-size: expected a positive integer, got 0"),
+    (["--batch-size", "-3"], "argument --batch-size: expected a positive integer, got -3"),
+    (["--batch-size", "abc"], "argument --batch-size: expected a positive integer, got 'abc'"),
+    (["--batch-size", "5000"], "--batch-size 5000 is larger than the 1437 training examples of digits"),
+    (["--epochs", "0"], "argument --epochs: expected a positive integer, got 0"),
+    (["--lr", "nan"], "argument --lr: expected a positive finite number, got nan"),
+    (["--lr", "-0.1"], "argument --lr: expected a positive finite number, got -0.1"),
+    (["--hidden", "128", "0"], "argument --hidden: expected a positive integer, got 0"),
+    (["--dataset", "cifar"], "argument --dataset: invalid choice: 'cifar'"),
+    (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--dataset", "mnist"], "--dataset mnist needs --data-dir DIR"),
+    (["--dataset", "mnist", "--data-dir", "{empty}"], "MNIST file train-images-idx3-ubyte (or train-images-idx3-ubyte.gz) not found in {empty}"),
+    (["--data-dir", "{empty}"], "--data-dir {empty} is only read with --dataset mnist"),
+    (["--out", "{file}"], "--out {file} is a file"),
+    (["--resume"], "--resume needs --checkpoint-dir DIR"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
+    (["--checkpoint-every", "0", "--checkpoint-dir", "{empty}"], "argument --checkpoint-every: expected a positive integer, got 0"),
+    (["--checkpoint-dir", "{file}"], "--checkpoint-dir {file} is a file"),
+    (["--resume", "--checkpoint-dir", "{empty}"], "--resume: no checkpoint in {empty}"),
+    (["--checkpoint-dir", "{ckpt}", "{run}"], "--checkpoint-dir {ckpt} already holds checkpoints (newest: step 22)"),
+    (["--resume", "--checkpoint-dir", "{ckpt}", "--lr", "0.01", "{run}"], "--lr 0.001 (now 0.01)"),
+    (["--resume", "--checkpoint-dir", "{ckpt}", "{run}", "--epochs", "1"], "is in epoch 2, past --epochs 1; pass --epochs 2 or more"),
+    (["--resume", "--checkpoint-dir", "{corrupt}", "{run}"], "{corrupt}/step_00000022.ckpt is corrupt"),
+]
+RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
+
+
+def _expand(items, ctx):
+    out = []
+    for item in items:
+        out.extend(RUN if item == "{run}" else [item.format(**ctx)])
+    return out
+
+
+def run_main(argv):
+    """``(exit status, stdout, stderr)`` of ``funcnet`` in this process."""
+    from funcnet.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:  # argparse exits by itself
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def make_context(root: Path) -> dict:
+    """The folders and files the cases refer to, a real checkpoint among them."""
+    from funcnet import checkpoint
+
+    ctx = {"empty": root / "empty", "file": root / "file.txt", "ckpt": root / "ckpt", "corrupt": root / "corrupt"}
+    ctx["empty"].mkdir()
+    ctx["file"].write_text("not a folder\n")
+    status, _, err = run_main(["train", "--quiet", *RUN, "--checkpoint-dir", str(ctx["ckpt"]), "--out", str(root / "run")])
+    assert status == 0, err
+    ctx["corrupt"].mkdir()
+    for step in checkpoint.all_steps(ctx["ckpt"]):
+        raw = bytearray(checkpoint.checkpoint_path(ctx["ckpt"], step).read_bytes())
+        raw[-10] ^= 0xFF
+        checkpoint.checkpoint_path(ctx["corrupt"], step).write_bytes(bytes(raw))
+    return {k: str(v) for k, v in ctx.items()}
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory):
+    return make_context(tmp_path_factory.mktemp("cli"))
+
+
+@pytest.mark.parametrize("flags, fragment", CLI_CASES, ids=[" ".join(f) for f, _ in CLI_CASES])
+def test_bad_input_is_one_line_naming_the_value(ctx, flags, fragment):
+    status, out, err = run_main(["train", "--quiet", *_expand(flags, ctx)])
+    assert status == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    # argparse reports unknown flags from the top-level parser, as "funcnet: error: ..."
+    assert lines[0].startswith("funcnet train: error: " if flags != ["--bogus"] else "funcnet: error: ")
+    assert fragment.format(**ctx) in lines[0]
+    assert "Traceback" not in err
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "funcnet.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--resume"]])
+def test_a_real_process_exits_2_without_traceback(flags):
+    proc = _cli("train", *flags)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert flags[0] in proc.stderr
+
+
+def test_defaults_reach_95_percent_and_the_same_seed_gives_the_same_file(tmp_path):
+    runs = [subprocess.Popen([sys.executable, "-m", "funcnet.cli", "train", "--quiet", "--out", str(tmp_path / name)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    for proc in runs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+    first, second = (tmp_path / "a" / "metrics.json").read_bytes(), (tmp_path / "b" / "metrics.json").read_bytes()
+    assert first == second
+    metrics = json.loads(first)
+    assert metrics["config"]["epochs"] == 20 and metrics["config"]["dataset"] == "digits"
+    assert len(metrics["history"]) == 20 and metrics["final"]["test_accuracy"] >= 0.95
+    assert (tmp_path / "a" / "params.npz").read_bytes() == (tmp_path / "b" / "params.npz").read_bytes()
+    assert (tmp_path / "a" / "loss.png").stat().st_size > 0
+
+
+# ---- docs/errors.md ----------------------------------------------------------------------
+
+def _library_cases(ctx):
+    """``(call as written, thunk)`` for bad input to the library; each thunk raises (or not)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from funcnet import checkpoint, data, nn, train
+
+    (x, y), _ = data.load("digits")
+    model, tx = nn.MLP([64, 8, 10]), optax.adam(1e-3)
+    state = lambda hidden=8: train.create_train_state(nn.MLP([64, hidden, 10]), tx, jax.random.key(0))
+    fit = lambda xy, **kw: train.fit(model, tx, xy, **{"epochs": 1, "batch_size": 32, "key": jax.random.key(0),
+                                                       "progress": False, **kw})
+    ckpt, corrupt = ctx["ckpt"], ctx["corrupt"]
+    truncated = Path(ctx["empty"]).parent / "truncated"
+    truncated.mkdir(exist_ok=True)
+    src = checkpoint.checkpoint_path(ckpt, 22).read_bytes()
+    checkpoint.checkpoint_path(truncated, 22).write_bytes(src[: len(src) // 2])
+    return [
+        ("train.fit(..., key=0)", lambda: fit((x, y), key=0)),
+        ("train.fit(..., batch_size=0)", lambda: fit((x, y), batch_size=0)),
+        ("train.fit(..., batch_size=5000)", lambda: fit((x, y), batch_size=5000)),
+        ("train.fit(..., epochs=-1)", lambda: fit((x, y), epochs=-1)),
+        ("train.fit(..., every_steps=0)", lambda: fit((x, y), every_steps=0)),
+        ("train.fit((x, y[:-1]), ...)", lambda: fit((x, y[:-1]))),
+        ("train.fit((x[:, :10], y), ...) (10 features, model wants 64)", lambda: fit((x[:, :10], y))),
+        ("train.fit((x, y.astype(float32)), ...)", lambda: fit((x, y.astype(np.float32)))),
+        ("train.fit((x, one_hot(y)), ...)", lambda: fit((x, np.eye(10, dtype=np.float32)[y].astype(np.int32)))),
+        ("train.fit((x, y + 10), ...) (labels past the 10 classes)", lambda: fit((x, y + 10))),
+        ("train.make_step(model, tx, accum_steps=0)", lambda: train.make_step(model, tx, accum_steps=0)),
+        ("Dropout(0.5).apply(params, x, train=True) without key",
+         lambda: nn.Dropout(0.5).apply({}, jnp.ones((2, 3)), train=True)),
+        ("data.load('cifar')", lambda: data.load("cifar")),
+        ("data.load('mnist')", lambda: data.load("mnist")),
+        ("data.load('mnist', data_dir=empty)", lambda: data.load("mnist", data_dir=ctx["empty"])),
+        ("checkpoint.restore(missing_dir, template)", lambda: checkpoint.restore(ctx["empty"] + "/nope", state())),
+        ("checkpoint.restore(empty_dir, template)", lambda: checkpoint.restore(ctx["empty"], state())),
+        ("checkpoint.restore(dir, template, step=7)", lambda: checkpoint.restore(ckpt, state(), step=7)),
+        ("checkpoint.restore(dir, template) of a file with one byte flipped", lambda: checkpoint.restore(corrupt, state())),
+        ("checkpoint.restore(dir, template) of a file cut in half", lambda: checkpoint.restore(truncated, state())),
+        ("checkpoint.restore(dir, template) with hidden 16, saved with hidden 8",
+         lambda: checkpoint.restore(ckpt, state(16))),
+        ("checkpoint.restore(dir, template) with SGD-momentum state and a raw uint32 key, saved with Adam",
+         lambda: checkpoint.restore(ckpt, train.create_train_state(
+             nn.MLP([64, 8, 10]), optax.sgd(0.1, momentum=0.9), jax.random.PRNGKey(0)))),
+        ("checkpoint.save(dir, state, step=5) where dir holds step 22", lambda: checkpoint.save(ckpt, state(), step=5)),
+        ("checkpoint.save(dir, state, step=30, keep=0)", lambda: checkpoint.save(ctx["empty"], state(), step=30, keep=0)),
+    ]
+
+
+def _cell(text, ctx):
+    for name, path in sorted(ctx.items(), key=lambda kv: -len(kv[1])):
+        text = text.replace(path, f"<{name}>")
+    return text.replace(str(Path(ctx["empty"]).parent), "<tmp>").replace("|", "\\|").replace("\n", "<br>")
+
+
+def write_errors_md(path: Path) -> None:
+    import tempfile
+
+    rows_cli, rows_lib = [], []
+    with tempfile.TemporaryDirectory() as root:
+        ctx = make_context(Path(root))
+        for flags, _ in CLI_CASES:
+            argv = _expand(flags, ctx)
+            status, _, err = run_main(["train", "--quiet", *argv])
+            command = _cell("funcnet train " + " ".join(argv), ctx)
+            rows_cli.append(f"| `{command}` | {status} | {_cell(err.strip(), ctx)} |")
+        for call, thunk in _library_cases(ctx):
+            try:
+                thunk()
+                kind, message = "no error", "(none: accepted silently)"
+            except Exception as e:  # the table records whatever is raised
+                kind, message = type(e).__name__, str(e)
+            rows_lib.append(f"| `{_cell(call, ctx)}` | {kind} | {_cell(message, ctx)} |")
+    text = "\n".join([
+        "# Errors: what bad input gets",
+        "",
+        "Generated from real runs by `python tests/test_cli.py docs/errors.md`; `<empty>`, `<file>`,",
+        "`<ckpt>` (a real two-epoch checkpoint folder) and `<corrupt>` (the same with one byte flipped)",
+        "stand for temporary paths.",
+        "",
+        "## `funcnet train`",
+        "",
+        "Every error is one line on stderr with exit status 2, never a traceback.",
+        "",
+        "| command | exit | stderr |",
+        "|---|---|---|",
+        *rows_cli,
+        "",
+        "## Library",
+        "",
+        "| call | raises | message |",
+        "|---|---|---|",
+        *rows_lib,
+        "",
+    ])
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    write_errors_md(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/errors.md"))
