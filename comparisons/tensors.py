@@ -327,5 +327,6 @@ def run(opts: Options = Options()) -> Result:
         notes="Both sides compute on torch.rand(3, 4) (seed 1) for ops and in-place updates; perturb is added to "
               "the JAX copy's [0, 0]. Random draws are compared by shape, dtype and distribution, since the two "
               "RNGs (torch's Mersenne Twister on CPU, JAX's threefry) give different numbers for the same seed. "
-              "The JAX time is mostly XLA compiling each eager op on its first use; a second run in the same process reuses them.",
+              "The JAX time is mostly XLA compiling each eager op on its first use; a second run in the same "
+              "process reuses them.",
     )
