@@ -1,0 +1,49 @@
+"""comparisons/modules.py: torch nn.Module, funcnet Module and flax nnx agree, and a shifted weight is caught."""
+
+import pytest
+import torch
+
+from comparisons import modules
+from comparisons._core import Options
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    # the numbers do not depend on it; on a shared CPU torch's spinning intra-op threads
+    # make these tiny ops tens of times slower
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def report(result):
+    return "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in result.checks)
+
+
+def test_all_checks_pass():
+    result = modules.run()
+    assert result.ok, report(result)
+    assert result.name == "modules" and result.title == modules.TITLE
+    assert "class SimpleModel(tnn.Module)" in result.torch.source and "def mlp_model" in result.jax.source
+    assert "class NnxMLP(nnx.Module)" in result.jax.source
+    assert result.torch.output and result.jax.output
+    assert result.torch.seconds > 0 and result.jax.seconds > 0
+    names = {c.name for c in result.checks}
+    for needle in ["MLP eval: funcnet apply(train=False) == torch eval()", "MLP eval: nnx eval() == torch eval()",
+                   "jax.device_put returns a new pytree on the requested device",
+                   "funcnet strict load, wrong hidden size", "torch strict load, wrong hidden size"]:
+        assert needle in names
+
+
+def test_a_perturbed_jax_weight_fails_the_forward_checks():
+    result = modules.run(Options(perturb=1e-2))
+    assert not result.ok
+    failed = {c.name for c in result.checks if not c.ok}
+    assert "MLP eval: funcnet apply(train=False) == torch eval()" in failed, report(result)
+    assert "MLP eval: nnx eval() == torch eval()" in failed, report(result)
+
+
+def test_float64_without_x64_is_refused_clearly():
+    with pytest.raises(RuntimeError, match="JAX_ENABLE_X64=1"):
+        modules.run(Options(dtype="float64"))
