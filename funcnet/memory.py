@@ -257,10 +257,16 @@ def measure(fn: Callable, *args, **kwargs) -> Measured:
     ``fn``: a plain function (jitted here) or a ``jax.jit`` result, which keeps its
     options: pass ``jax.jit(step, donate_argnums=(0, 1))`` to count donation, the
     JAX counterpart of torch's in-place ``optimizer.step()``. Arguments may be
-    arrays or ``jax.ShapeDtypeStruct``s.
+    arrays or ``jax.ShapeDtypeStruct``s. An already compiled executable
+    (``jax.jit(f).lower(...).compile()``) is read as it is, with no arguments.
     """
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    stats = jitted.lower(*args, **kwargs).compile().memory_analysis()
+    if hasattr(fn, "memory_analysis"):
+        if args or kwargs:
+            raise TypeError("measure(compiled) takes no arguments: the executable was compiled for its own")
+        compiled = fn
+    else:
+        compiled = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args, **kwargs).compile()
+    stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError(f"this backend ({jax.default_backend()}) gives no memory analysis for compiled code")
     arg, out = stats.argument_size_in_bytes, stats.output_size_in_bytes

@@ -174,6 +174,10 @@ def test_measure_reads_argument_output_and_alias_sizes():
     donated = memory.measure(jax.jit(lambda a: a * 2, donate_argnums=0), x)
     assert donated.aliased == donated.outputs == 4000
     assert donated.total == donated.arguments + donated.outputs + donated.temps - 4000
+    compiled = jax.jit(lambda a: a * 2, donate_argnums=0).lower(x).compile()
+    assert memory.measure(compiled) == donated
+    with pytest.raises(TypeError, match="no arguments"):
+        memory.measure(compiled, x)
 
 
 def _mlp_step(model, tx):
