@@ -118,7 +118,7 @@ def run(opts: Options = Options()) -> Result:
         equal("skipped steps: JAX == torch", j_skipped, t_skipped),
         equal("skipped steps are the overflow steps", t_skipped, list(OVERFLOW_STEPS)),
         expect("JAX: params bit-identical across every skipped step", unchanged,
-               "select_tree keeps the old params when the gradients are not finite"),
+               "lax.cond keeps the old params when the gradients are not finite"),
         # one bfloat16 ulp is 2**-8 relative; torch fuses bias into the matmul and rounds once,
         # XLA rounds the matmul and then the bias add, so a logit may differ by an ulp or two
         equal("dtype of the logits: bfloat16 on both sides", str(j_logits.dtype), str(t_logits.dtype).split(".")[1]),

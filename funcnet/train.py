@@ -174,10 +174,17 @@ def make_step(
         if loss_scale is not None:
             finite = _precision.all_finite(grads)  # of the scaled gradients, as GradScaler checks them
             grads = loss_scale.unscale(grads)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        if loss_scale is not None:
-            params, opt_state = _precision.select_tree(finite, (params, opt_state), (state.params, state.opt_state))
+
+        def update(grads):
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), opt_state
+
+        if loss_scale is None:
+            params, opt_state = update(grads)
+        else:
+            # GradScaler skips optimizer.step() on overflow. A cond rather than a select of both
+            # results: only one branch runs, and the new state can reuse the donated buffers.
+            params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), grads)
             metrics.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
             loss_scale = loss_scale.adjust(finite)
         new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale)
