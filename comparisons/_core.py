@@ -9,7 +9,9 @@ passes (and there is at least one).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -17,7 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Options", "Check", "Side", "Result", "TOL", "close", "equal", "expect", "raises", "timed", "source"]
+__all__ = ["Options", "Check", "Side", "Result", "TOL", "close", "equal", "expect", "raises", "timed", "source",
+           "require_x64", "dtypes", "run_sections"]
 
 # torch.testing.assert_close defaults for float32 (rtol 1.3e-6, atol 1e-5); in float64
 # both frameworks run the same IEEE operations in (possibly) different orders, so
@@ -167,3 +170,39 @@ def _short(x, limit: int = 80) -> str:
     s = repr(x) if not hasattr(x, "shape") else np.array2string(np.asarray(_np(x)), threshold=8, precision=6)
     s = " ".join(s.split())
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def require_x64(opts: Options) -> None:
+    """float64 runs need 64-bit JAX, a process-wide setting fixed at start-up."""
+    import jax
+
+    if opts.dtype not in TOL:
+        raise ValueError(f"Options.dtype is {opts.dtype!r}, expected one of {sorted(TOL)}")
+    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise RuntimeError("Options(dtype='float64') needs 64-bit JAX, which is off in this process; "
+                           "start Python with JAX_ENABLE_X64=1 (python -m comparisons --float64 does that)")
+
+
+def dtypes(opts: Options):
+    """(torch dtype, jnp dtype) for ``opts.dtype``, after ``require_x64``."""
+    import jax.numpy as jnp
+    import torch
+
+    require_x64(opts)
+    return getattr(torch, opts.dtype), jnp.dtype(opts.dtype)
+
+
+def run_sections(fns, args):
+    """Run each ``fn(*a)`` with its printed lines captured: (results, text, seconds).
+
+    The text heads each section with the function's name after its first underscore
+    (``torch_views`` -> ``# views``)."""
+    results, text, seconds = [], [], 0.0
+    for fn, a in zip(fns, args):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            out, s = timed(fn, *a)
+        results.append(out)
+        text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
+        seconds += s
+    return results, "\n".join(text), seconds

@@ -9,8 +9,6 @@ called any number of times; gradients are return values, never accumulated.
 
 from __future__ import annotations
 
-import contextlib
-import io
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from comparisons._core import TOL, Options, Result, Side, close, equal, expect, raises, source, timed
+from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, raises, run_sections, source
 from funcnet import interop, losses, nn
 
 __all__ = ["TITLE", "run"]
@@ -150,29 +148,6 @@ def jax_mlp_grads(params, x, y):
 # ---------------------------------------------------------------- checks
 
 
-def dtypes(opts: Options):
-    """(torch dtype, jnp dtype) for ``opts.dtype``; float64 needs JAX_ENABLE_X64=1 in this process."""
-    if opts.dtype not in TOL:
-        raise ValueError(f"Options.dtype is {opts.dtype!r}, expected one of {sorted(TOL)}")
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs 64-bit JAX, which is off in this process; "
-                           "start Python with JAX_ENABLE_X64=1 (python -m comparisons sets it)")
-    return getattr(torch, opts.dtype), jnp.dtype(opts.dtype)
-
-
-def _side(fns, args):
-    """Run each section with its printed lines captured; (results, text, seconds)."""
-    results, text, seconds = [], [], 0.0
-    for fn, a in zip(fns, args):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            out, s = timed(fn, *a)
-        results.append(out)
-        text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
-        seconds += s
-    return results, "\n".join(text), seconds
-
-
 # torch's backward node for each forward op of f, and the jaxpr primitive of the same op
 _NODE_TO_PRIMITIVE = {"PowBackward0": "integer_pow", "MulBackward0": "mul", "AddBackward0": "add"}
 
@@ -189,11 +164,11 @@ def run(opts: Options = Options()) -> Result:
 
     torch_fns = (torch_derivative, torch_chain_rule, torch_retain_graph, torch_accumulate, torch_mlp_grads)
     jax_fns = (jax_derivative, jax_chain_rule, jax_pullback_twice, jax_fresh_grads, jax_mlp_grads)
-    (t_d, t_chain, t_retain, t_acc, t_mlp), t_text, t_sec = _side(
+    (t_d, t_chain, t_retain, t_acc, t_mlp), t_text, t_sec = run_sections(
         torch_fns, [(tdt,), (tdt,), (tdt,), (tdt,), (model, x, y)])
     # float32 matmuls in full precision, as torch's CPU kernels (GPUs would otherwise use TF32)
     with jax.default_matmul_precision("highest"):
-        (j_d, j_chain, j_pull, j_fresh, j_mlp), j_text, j_sec = _side(
+        (j_d, j_chain, j_pull, j_fresh, j_mlp), j_text, j_sec = run_sections(
             jax_fns, [(jdt,), (jdt,), (jdt,), (jdt,), (params, jx, jy)])
 
     (tx, ty), (jgrad, jaxpr_f, jaxpr_grad) = t_d, j_d

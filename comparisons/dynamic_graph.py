@@ -9,9 +9,7 @@ branch on a traced value is ``lax.cond`` or ``jnp.where``.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import logging
 
 import jax
@@ -19,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from comparisons._core import TOL, Options, Result, Side, close, equal, expect, raises, source, timed
+from comparisons._core import Options, Result, Side, TOL, close, dtypes, equal, expect, raises, run_sections, source
 from funcnet import interop, nn
 
 __all__ = ["TITLE", "run"]
@@ -224,29 +222,6 @@ def jax_trace_counts(n):
 # ---------------------------------------------------------------- checks
 
 
-def dtypes(opts: Options):
-    """(torch dtype, jnp dtype) for ``opts.dtype``; float64 needs JAX_ENABLE_X64=1 in this process."""
-    if opts.dtype not in TOL:
-        raise ValueError(f"Options.dtype is {opts.dtype!r}, expected one of {sorted(TOL)}")
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs 64-bit JAX, which is off in this process; "
-                           "start Python with JAX_ENABLE_X64=1 (python -m comparisons sets it)")
-    return getattr(torch, opts.dtype), jnp.dtype(opts.dtype)
-
-
-def _side(fns, args):
-    """Run each section with its printed lines captured; (results, text, seconds)."""
-    results, text, seconds = [], [], 0.0
-    for fn, a in zip(fns, args):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            out, s = timed(fn, *a)
-        results.append(out)
-        text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
-        seconds += s
-    return results, "\n".join(text), seconds
-
-
 class _CompileLog(logging.Handler):
     """Counts XLA compilations of jitted functions by name (from jax.log_compiles)."""
 
@@ -265,7 +240,7 @@ def _mean_within(name, on, off, k=5.0):
     on, off = np.asarray(on, np.float64), np.asarray(off, np.float64)[0]
     se = on.std(0, ddof=1) / np.sqrt(len(on))
     z = np.abs(on.mean(0) - off) / se
-    return expect(name, bool(np.all(z < k)), f"|mean - no-dropout output| / standard error = "
+    return expect(name, bool(np.all(z < k)), "|mean - no-dropout output| / standard error = "
                   + ", ".join(f"{v:.2f}" for v in z) + f" (< {k:g})")
 
 
@@ -288,14 +263,14 @@ def run(opts: Options = Options()) -> Result:
 
     torch_fns = (torch_alternating, torch_dropout_flag, torch_control_flow, torch_graph_counts)
     jax_fns = (jax_alternating, jax_dropout_flag, jax_control_flow, jax_trace_counts)
-    (t_alt, t_drop, (t_pos, t_neg), t_counts), t_text, t_sec = _side(
+    (t_alt, t_drop, (t_pos, t_neg), t_counts), t_text, t_sec = run_sections(
         torch_fns, [(model_a, model_b, x), (net, xs), ([x_pos, x_neg],), (N_CALLS,)])
     log, logger = _CompileLog(), logging.getLogger("jax")
     logger.addHandler(log)
     try:
         # float32 matmuls in full precision, as torch's CPU kernels (GPUs would otherwise use TF32)
         with jax.log_compiles(True), jax.default_matmul_precision("highest"):
-            (j_alt, j_drop, (j_pos, j_neg), j_counts), j_text, j_sec = _side(
+            (j_alt, j_drop, (j_pos, j_neg), j_counts), j_text, j_sec = run_sections(
                 jax_fns, [(pa, pb, jx), (pn, jxs, jax.random.key(0)),
                           ([jnp.asarray(x_pos.numpy()), jnp.asarray(x_neg.numpy())],), (N_CALLS,)])
     finally:

@@ -26,7 +26,7 @@ from torch import nn as tnn
 import funcnet
 from funcnet import nn
 from funcnet.interop import from_torch, to_torch
-from comparisons._core import Options, Result, Side, close, equal, expect, raises, source, timed
+from comparisons._core import Options, Result, Side, close, equal, expect, raises, require_x64, source, timed
 
 __all__ = ["TITLE", "run"]
 
@@ -215,14 +215,8 @@ def _error_text(fn) -> str:
     return "(no error)"
 
 
-def _require_x64(opts: Options) -> None:
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs JAX_ENABLE_X64=1 set before JAX starts "
-                           "(python -m comparisons does that in its own process)")
-
-
 def run(opts: Options = Options()) -> Result:
-    _require_x64(opts)
+    require_x64(opts)
     tdtype, jdtype, tol = getattr(torch, opts.dtype), jnp.dtype(opts.dtype), opts.tol
     torch.manual_seed(0)
     x_small, x = torch.randn(4, 10, dtype=tdtype), torch.randn(8, 784, dtype=tdtype)

@@ -45,7 +45,6 @@ def torch_rows(x, y, w0, b0, lr):
 def jax_rows(x, y, w0, b0, lr):
     import jax
     import jax.numpy as jnp
-    import optax
 
     from funcnet import losses
 

@@ -11,8 +11,6 @@ data is copied in and seen read-only out; randomness takes an explicit key.
 
 from __future__ import annotations
 
-import contextlib
-import io
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +18,7 @@ import numpy as np
 import scipy.stats
 import torch
 
-from comparisons._core import TOL, Options, Result, Side, close, equal, expect, raises, source, timed
+from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, raises, run_sections, source
 
 __all__ = ["TITLE", "run"]
 
@@ -199,29 +197,6 @@ def jax_numpy_bridge(dtype):
 # ---------------------------------------------------------------- checks
 
 
-def dtypes(opts: Options):
-    """(torch dtype, jnp dtype) for ``opts.dtype``; float64 needs JAX_ENABLE_X64=1 in this process."""
-    if opts.dtype not in TOL:
-        raise ValueError(f"Options.dtype is {opts.dtype!r}, expected one of {sorted(TOL)}")
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs 64-bit JAX, which is off in this process; "
-                           "start Python with JAX_ENABLE_X64=1 (python -m comparisons sets it)")
-    return getattr(torch, opts.dtype), jnp.dtype(opts.dtype)
-
-
-def _side(fns, args):
-    """Run each section with its printed lines captured; (results, text, seconds)."""
-    results, text, seconds = [], [], 0.0
-    for fn, a in zip(fns, args):
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            out, s = timed(fn, *a)
-        results.append(out)
-        text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
-        seconds += s
-    return results, "\n".join(text), seconds
-
-
 def run(opts: Options = Options()) -> Result:
     tdt, jdt = dtypes(opts)
     tol = opts.tol
@@ -231,10 +206,10 @@ def run(opts: Options = Options()) -> Result:
 
     torch_fns = (torch_creation, torch_attributes, torch_ops, torch_storage, torch_inplace, torch_numpy_bridge)
     jax_fns = (jax_creation, jax_attributes, jax_ops, jax_storage, jax_inplace, jax_numpy_bridge)
-    (tc, ta, to, ts, ti, tn), t_text, t_sec = _side(torch_fns, [(tdt,), (tdt,), (shared,), (), (shared,), (tdt,)])
+    (tc, ta, to, ts, ti, tn), t_text, t_sec = run_sections(torch_fns, [(tdt,), (tdt,), (shared,), (), (shared,), (tdt,)])
     # float32 matmuls in full precision, as torch's CPU kernels (GPUs would otherwise use TF32)
     with jax.default_matmul_precision("highest"):
-        (jc, ja, jo, js, ji, jn), j_text, j_sec = _side(
+        (jc, ja, jo, js, ji, jn), j_text, j_sec = run_sections(
             jax_fns, [(jdt,), (jdt,), (j_shared,), (), (j_shared,), (jdt,)])
 
     int_default = "int64" if jax.config.jax_enable_x64 else "int32"

@@ -25,7 +25,7 @@ from torch import nn as tnn
 import funcnet
 from funcnet import nn
 from funcnet.interop import from_torch
-from comparisons._core import Options, Result, Side, close, equal, source, timed
+from comparisons._core import Options, Result, Side, close, equal, require_x64, source, timed
 
 __all__ = ["TITLE", "run"]
 
@@ -91,10 +91,6 @@ def jax_grads_twice(model, params, data, target):
 
 
 # ------------------------------------------------------------------------------ checks
-def _require_x64(opts: Options) -> None:
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs JAX_ENABLE_X64=1 set before JAX starts "
-                           "(python -m comparisons does that in its own process)")
 
 
 def _state(model, params, perturb, seed=0):
@@ -106,7 +102,7 @@ def _state(model, params, perturb, seed=0):
 
 def run(opts: Options = Options(), *, epochs: int = EPOCHS) -> Result:
     """``epochs`` of the digits training set (44 steps each); fewer keep a float64 test short."""
-    _require_x64(opts)
+    require_x64(opts)
     tdtype = getattr(torch, opts.dtype)
     (x_train, y_train), (x_test, y_test) = funcnet.data.load("digits")
     x_train, x_test = x_train.astype(opts.dtype), x_test.astype(opts.dtype)

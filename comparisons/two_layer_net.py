@@ -22,7 +22,7 @@ from torch import nn as tnn
 
 import funcnet
 from funcnet import nn
-from comparisons._core import Options, Result, Side, close, equal, expect, source, timed
+from comparisons._core import Options, Result, Side, close, equal, expect, require_x64, source, timed
 
 __all__ = ["TITLE", "run"]
 
@@ -161,14 +161,8 @@ def _batch_order(n, batch, steps, seed=0):
     return np.stack(rows[:steps])
 
 
-def _require_x64(opts: Options) -> None:
-    if opts.dtype == "float64" and not jax.config.jax_enable_x64:
-        raise RuntimeError("Options(dtype='float64') needs JAX_ENABLE_X64=1 set before JAX starts "
-                           "(python -m comparisons does that in its own process)")
-
-
 def run(opts: Options = Options()) -> Result:
-    _require_x64(opts)
+    require_x64(opts)
     tdtype = getattr(torch, opts.dtype)
     (x_train, y_train), _ = funcnet.data.load("digits")
     order = _batch_order(len(x_train), BATCH, STEPS)
