@@ -18,9 +18,7 @@ __all__ = ["main", "build_parser"]
 
 # Flags of the public contract that this build does not honour yet: asking for
 # anything but their neutral value is an error, never silently ignored.
-_NOT_YET = {
-    "precision": ("fp32", "--precision"),
-}
+_NOT_YET: dict[str, tuple] = {}
 
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
 # a resumed run writes the same file as an uninterrupted one.
@@ -96,6 +94,19 @@ def _reject_unsupported(args) -> None:
             )
 
 
+def _precision(args):
+    """``(policy, initial loss-scale state)`` for --precision: bf16 keeps float32's range and
+    needs no scaling; fp16 gets torch.amp.GradScaler's defaults."""
+    if args.precision == "fp32":
+        return None, None
+    if args.devices > 1 or args.parallel is not None:
+        raise UsageError(f"--precision {args.precision} is not supported with --devices/--parallel yet; "
+                         f"train on one device or leave --precision out (default: fp32)")
+    from funcnet.precision import DynamicLossScale
+
+    return args.precision, DynamicLossScale() if args.precision == "fp16" else None
+
+
 def train_command(args) -> dict:
     import jax
     import numpy as np
@@ -105,6 +116,7 @@ def train_command(args) -> dict:
 
     _reject_unsupported(args)
     _check_flags(args)
+    policy, loss_scale = _precision(args)
     data_parallel = args.devices > 1 or args.parallel is not None
     if data_parallel:
         _parallel_flags(args)
@@ -117,7 +129,7 @@ def train_command(args) -> dict:
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
 
     config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
-    done, resume_kwargs = _checkpointing(args, config, model, tx)
+    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale)
 
     start = time.perf_counter()
     if data_parallel:
@@ -129,7 +141,8 @@ def train_command(args) -> dict:
     else:
         state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
                                    batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                   progress=not args.quiet, **resume_kwargs)
+                                   progress=not args.quiet, policy=policy, loss_scale=loss_scale,
+                                   **resume_kwargs)
     seconds = time.perf_counter() - start
     history = done + history
 
@@ -183,7 +196,7 @@ def _check_flags(args) -> None:
         raise UsageError(f"--out {args.out} is a file; pass a folder (created if missing)")
 
 
-def _checkpointing(args, config, model, tx):
+def _checkpointing(args, config, model, tx, loss_scale=None):
     """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
     epoch (and every --checkpoint-every steps) and, with --resume, the state and position of
     the newest checkpoint there. Each checkpoint's metadata holds the flags, the history so
@@ -209,7 +222,8 @@ def _checkpointing(args, config, model, tx):
         if changed:
             raise UsageError(f"--resume: the run in {directory} was started with " + ", ".join(changed)
                              + "; pass the same flags (only --epochs may change) or use a new --checkpoint-dir")
-        state = checkpoint.restore(directory, train.create_train_state(model, tx, jax.random.key(0)), newest)
+        template = train.create_train_state(model, tx, jax.random.key(0), loss_scale=loss_scale)
+        state = checkpoint.restore(directory, template, newest)
         pos, done = meta["position"], meta["history"]
         start = train.Position(pos["epoch"])
         if "perm_key" in pos:  # a checkpoint taken inside an epoch

@@ -399,3 +399,37 @@ def test_mixed_precision_training_matches_fp32_accuracy(digits):
     fp16_history = results["fp16"][1]
     assert fp16_history[0]["skipped_steps"] >= 3  # 2**24 -> 2**21 or below before the first update
     assert sum(r["skipped_steps"] for r in fp16_history) < 0.05 * fp16_history[-1]["step"]
+
+
+# ---------------------------------------------------------------- the funcnet command
+
+def test_cli_fp16_run_resumes_exactly_with_its_loss_scale(tmp_path):
+    import json
+
+    import optax
+
+    from funcnet import checkpoint, cli, nn, train
+
+    base = ["train", "--precision", "fp16", "--hidden", "16", "--batch-size", "64", "--quiet"]
+    assert cli.main(base + ["--epochs", "2", "--out", str(tmp_path / "a")]) == 0
+    ck = str(tmp_path / "ck")
+    assert cli.main(base + ["--epochs", "1", "--out", str(tmp_path / "b"), "--checkpoint-dir", ck]) == 0
+    # the checkpoint holds the loss-scale state: 22 finite steps (1437 // 64) on the growth counter
+    template = train.create_train_state(nn.MLP([64, 16, 10]), optax.adam(1e-3), jax.random.key(0),
+                                        loss_scale=DynamicLossScale())
+    saved = checkpoint.restore(ck, template, checkpoint.latest_step(ck))
+    assert int(saved.loss_scale.counter) == 22 and float(saved.loss_scale.loss_scale) == 2.0**16
+    assert cli.main(base + ["--epochs", "2", "--out", str(tmp_path / "b"), "--checkpoint-dir", ck, "--resume"]) == 0
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("a", "b"))
+    assert a == b and a["config"]["precision"] == "fp16"
+    assert [r["skipped_steps"] for r in a["history"]] == [0, 0] and a["history"][-1]["loss_scale"] == 2.0**16
+    pa, pb = (np.load(tmp_path / d / "params.npz") for d in ("a", "b"))
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa.files)
+
+
+def test_cli_refuses_low_precision_with_several_devices(capsys):
+    from funcnet import cli
+
+    assert cli.main(["train", "--precision", "bf16", "--devices", "2", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "--precision bf16 is not supported with --devices/--parallel yet; train on one device" in err
