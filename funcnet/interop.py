@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -69,6 +70,12 @@ def from_torch(module_or_state_dict: Any) -> dict:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"from_torch: key {key!r} nests under a tensor of the same name")
+        if str(tensor.dtype) in ("torch.float64", "torch.complex128") and not jax.config.jax_enable_x64:
+            raise TypeError(
+                f"from_torch: {key!r} is {tensor.dtype}, but JAX runs with 64-bit types off (x64), so it "
+                f"would silently become 32-bit; set JAX_ENABLE_X64=1 before JAX starts, or convert the "
+                f"model with .float() first"
+            )
         node[leaf] = jnp.asarray(_to_numpy(tensor))
     return params
 
