@@ -6,9 +6,11 @@ of the compiled step with the state donated (``funcnet.memory.measure``). The
 master weights and Adam's moments stay float32 in every mode, so only the
 activations and the low-precision copies of the weights change size.
 
-On CPUs without native bfloat16/float16 arithmetic XLA converts to float32 around
-each op, so the low-precision steps may well be slower here; on GPUs and TPUs the
-matmuls run on bf16/fp16 units. The script reports what it measures.
+XLA on CPU rewrites bfloat16/float16 matmuls as float32 ones with conversions
+around them (the "matmul dtypes" column reads them from the compiled program), so
+here the low-precision steps pay for conversions and float32 temporaries and may be
+slower and larger; on GPUs and TPUs the matmuls run on bf16/fp16 units. The script
+reports what it measures.
 
     python benchmarks/precision.py [--sizes 784 1024 1024 10] [--batch 256] [--repeat 7]
 """
@@ -16,6 +18,8 @@ matmuls run on bf16/fp16 units. The script reports what it measures.
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 
 import jax
 import optax
@@ -46,9 +50,11 @@ def main() -> None:
         state = train.create_train_state(model, tx, jax.random.key(i + 1), policy=mode,
                                          loss_scale=None if loss_scale is None else loss_scale())
         bench = profile.benchmark(step, state, (x, y), warmup=2, repeat=args.repeat, number=args.number)
-        mem = memory.measure(jax.jit(step.raw, donate_argnums=0), state, (x, y))
+        compiled = jax.jit(step.raw, donate_argnums=0).lower(state, (x, y)).compile()
+        mem = memory.measure(compiled)
+        dots = collections.Counter(re.findall(r"= (\w+)\[[\d,]*\]\S* dot\(", compiled.as_text()))
         _, metrics = step(state, (x, y))
-        rows[mode] = (bench, mem, float(metrics["loss"]))
+        rows[mode] = (bench, mem, float(metrics["loss"]), " ".join(f"{n}x{t}" for t, n in sorted(dots.items())))
 
     n_params = memory.mlp_params(args.sizes)
     base_t, base_m = rows["fp32"][0].median, rows["fp32"][1]
@@ -56,15 +62,15 @@ def main() -> None:
                         f"Adam, batch {args.batch}, {jax.devices()[0].device_kind}; median of {args.repeat}x"
                         f"{args.number} calls")
     for col in ("mode", "step (ms)", "time vs fp32", "compiled total (MB)", "temps (MB)", "temps vs fp32",
-                "first loss"):
+                "matmul dtypes", "first loss"):
         table.add_column(col, justify="right")
-    for mode, (bench, mem, loss) in rows.items():
+    for mode, (bench, mem, loss, dots) in rows.items():
         table.add_row(mode, f"{bench.median * 1e3:.2f}", f"{bench.median / base_t:.2f}x", f"{mem.total / 1e6:.2f}",
-                      f"{mem.temps / 1e6:.2f}", f"{mem.temps / max(base_m.temps, 1):.2f}x", f"{loss:.4f}")
+                      f"{mem.temps / 1e6:.2f}", f"{mem.temps / max(base_m.temps, 1):.2f}x", dots, f"{loss:.4f}")
     Console().print(table)
     print("time vs fp32 > 1 means slower than fp32; temps are XLA's scratch buffers (activations and the "
           "low-precision weight copies), total = arguments + outputs + temps - donated")
-    spread = {m: (min(b.samples) * 1e3, max(b.samples) * 1e3) for m, (b, _, _) in rows.items()}
+    spread = {m: (min(r[0].samples) * 1e3, max(r[0].samples) * 1e3) for m, r in rows.items()}
     print("per-sample range (ms): " + ", ".join(f"{m} {lo:.2f}-{hi:.2f}" for m, (lo, hi) in spread.items()))
 
 
