@@ -18,7 +18,7 @@ float16 gradients do not underflow, skip the step when they overflow).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,7 +100,7 @@ class Policy:
             object.__setattr__(self, f, _dtype(getattr(self, f), f"Policy({f}=...)"))
 
     @classmethod
-    def from_string(cls, spec: str) -> "Policy":
+    def from_string(cls, spec: str) -> Policy:
         """Parse ``"fp32"``/``"bf16"``/``"fp16"`` or ``"params=float32,compute=bfloat16,output=float32"``.
 
         Keys (``params``/``p``, ``compute``/``c``, ``output``/``o``) left out default to float32.
@@ -140,7 +140,7 @@ class Policy:
         return cast_floating(tree, self.output_dtype)
 
 
-def get_policy(spec: "str | Policy") -> Policy:
+def get_policy(spec: str | Policy) -> Policy:
     """A ``Policy`` from a policy or a string (see ``Policy.from_string``)."""
     return spec if isinstance(spec, Policy) else Policy.from_string(spec)
 
@@ -280,7 +280,7 @@ class DynamicLossScale:
         """
         return _unscale(grads, *_inverse(self.loss_scale))
 
-    def adjust(self, grads_finite: Any) -> "DynamicLossScale":
+    def adjust(self, grads_finite: Any) -> DynamicLossScale:
         """The next state, given whether this step's (scaled) gradients were all finite."""
         finite = jnp.asarray(grads_finite)
         if finite.shape != () or finite.dtype != jnp.bool_:
@@ -320,7 +320,7 @@ class StaticLossScale:
     def unscale(self, grads: Any) -> Any:
         return _unscale(grads, *_inverse(self.loss_scale))
 
-    def adjust(self, grads_finite: Any) -> "StaticLossScale":
+    def adjust(self, grads_finite: Any) -> StaticLossScale:
         del grads_finite
         return self
 
@@ -340,9 +340,9 @@ class NoOpLossScale:
     def unscale(self, grads: Any) -> Any:
         return _unscale(grads, jnp.float32(1.0), jnp.float32(1.0))
 
-    def adjust(self, grads_finite: Any) -> "NoOpLossScale":
+    def adjust(self, grads_finite: Any) -> NoOpLossScale:
         del grads_finite
         return self
 
 
-LossScale = Union[DynamicLossScale, StaticLossScale, NoOpLossScale]
+LossScale = DynamicLossScale | StaticLossScale | NoOpLossScale
