@@ -146,6 +146,9 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
 
     arrays, key_impls = {}, {}
     for name, leaf in _flatten(state, "save").items():
+        if isinstance(leaf, jax.Array) and leaf.is_deleted():
+            raise CheckpointError(f"save: leaf {name} was donated to a training step, which reuses its memory; "
+                                  f"save the state the step returned, not the one passed in")
         if _is_key(leaf):
             key_impls[name] = _key_impl(leaf)
             leaf = jax.random.key_data(leaf)

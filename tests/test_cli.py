@@ -28,17 +28,21 @@ CLI_CASES = [
     (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
     (["--bogus"], "unrecognized arguments: --bogus"),
     (["--dataset", "mnist"], "--dataset mnist needs --data-dir DIR"),
-    (["--dataset", "mnist", "--data-dir", "{empty}"], "MNIST file train-images-idx3-ubyte (or train-images-idx3-ubyte.gz) not found in {empty}"),
+    (["--dataset", "mnist", "--data-dir", "{empty}"],
+     "MNIST file train-images-idx3-ubyte (or train-images-idx3-ubyte.gz) not found in {empty}"),
     (["--data-dir", "{empty}"], "--data-dir {empty} is only read with --dataset mnist"),
     (["--out", "{file}"], "--out {file} is a file"),
     (["--resume"], "--resume needs --checkpoint-dir DIR"),
     (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
-    (["--checkpoint-every", "0", "--checkpoint-dir", "{empty}"], "argument --checkpoint-every: expected a positive integer, got 0"),
+    (["--checkpoint-every", "0", "--checkpoint-dir", "{empty}"],
+     "argument --checkpoint-every: expected a positive integer, got 0"),
     (["--checkpoint-dir", "{file}"], "--checkpoint-dir {file} is a file"),
     (["--resume", "--checkpoint-dir", "{empty}"], "--resume: no checkpoint in {empty}"),
-    (["--checkpoint-dir", "{ckpt}", "{run}"], "--checkpoint-dir {ckpt} already holds checkpoints (newest: step 22)"),
+    (["--checkpoint-dir", "{ckpt}", "{run}"],
+     "--checkpoint-dir {ckpt} already holds checkpoints (newest: step 22)"),
     (["--resume", "--checkpoint-dir", "{ckpt}", "--lr", "0.01", "{run}"], "--lr 0.001 (now 0.01)"),
-    (["--resume", "--checkpoint-dir", "{ckpt}", "{run}", "--epochs", "1"], "is in epoch 2, past --epochs 1; pass --epochs 2 or more"),
+    (["--resume", "--checkpoint-dir", "{ckpt}", "{run}", "--epochs", "1"],
+     "is in epoch 2, past --epochs 1; pass --epochs 2 or more"),
     (["--resume", "--checkpoint-dir", "{corrupt}", "{run}"], "{corrupt}/step_00000022.ckpt is corrupt"),
 ]
 RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
@@ -103,12 +107,11 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "funcnet.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("flags", [["--batch-size", "0"], ["--resume"]])
-def test_a_real_process_exits_2_without_traceback(flags):
-    proc = _cli("train", *flags)
+def test_a_real_process_exits_2_without_traceback():
+    proc = _cli("train", "--resume")  # through main's error handler and the console entry's sys.exit
     assert proc.returncode == 2 and proc.stdout == ""
-    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert flags[0] in proc.stderr
+    assert proc.stderr == "funcnet train: error: --resume needs --checkpoint-dir DIR, the folder the run saves " \
+                          "its checkpoints in\n"
 
 
 def test_defaults_reach_95_percent_and_the_same_seed_gives_the_same_file(tmp_path):
@@ -176,7 +179,21 @@ def _library_cases(ctx):
              nn.MLP([64, 8, 10]), optax.sgd(0.1, momentum=0.9), jax.random.PRNGKey(0)))),
         ("checkpoint.save(dir, state, step=5) where dir holds step 22", lambda: checkpoint.save(ckpt, state(), step=5)),
         ("checkpoint.save(dir, state, step=30, keep=0)", lambda: checkpoint.save(ctx["empty"], state(), step=30, keep=0)),
+        ("checkpoint.save(dir, old_state, step=1) after step(old_state, batch) donated it", lambda: _save_donated(ctx)),
     ]
+
+
+def _save_donated(ctx):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from funcnet import checkpoint, nn, train
+
+    model, tx = nn.MLP([4, 8, 2]), optax.sgd(0.1)
+    old = train.create_train_state(model, tx, jax.random.key(0))
+    train.make_step(model, tx)(old, (jnp.ones((2, 4)), jnp.zeros(2, jnp.int32)))
+    checkpoint.save(ctx["empty"], old, step=1)
 
 
 def _cell(text, ctx):
