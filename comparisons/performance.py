@@ -197,7 +197,7 @@ def _bottlenecks(x, y, step, fresh_state):
             timer.block(state)
         return timer.seconds / n
 
-    t_step, flops = seconds_per_step(20), profile.flops(step, fresh_state(), batch)
+    t_step, flops = seconds_per_step(20), profile.flops(step, fresh_state(), batch, optimized=False)
     peak = profile.matmul_peak(512, repeat=3, number=2)
     rows["compute efficiency"] = (
         "jax.jit: one fused XLA program instead of one dispatch per op; XLA's cost analysis counts the FLOPs",

@@ -95,6 +95,7 @@ def test_trace_rejects_a_file_as_logdir(tmp_path):
 def test_flops_of_a_matmul_is_2mkn(m, k, n):
     a, b = jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((k, n), jnp.float32)
     assert profile.flops(jnp.matmul, a, b) == 2 * m * k * n
+    assert profile.flops(jnp.matmul, a, b, optimized=False) == 2 * m * k * n
 
 
 def test_matmul_peak_is_a_positive_rate():
