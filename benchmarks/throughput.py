@@ -15,7 +15,7 @@ FLOPs per step come from XLA's cost analysis of the raw JAX step; the share of p
 compares with a measured float32 matmul (``funcnet.profile.matmul_peak``).
 
     python benchmarks/throughput.py [--batch-sizes 32 128 512] [--examples 8192] [--repeat 5] [--json PATH]
-    [--torch-threads N]
+    [--single-thread]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 import statistics
 import time
@@ -226,13 +227,17 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS, metavar="IMPL")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
-    parser.add_argument("--torch-threads", type=int, default=None,
-                        help="torch.set_num_threads (default: torch's own); 1 avoids OpenMP spin-waits on a busy machine")
+    parser.add_argument("--single-thread", action="store_true",
+                        help="one core for each framework (torch.set_num_threads(1), XLA without its thread pool): "
+                             "fair on a busy machine, where torch's OpenMP threads spin-wait for each other")
     args = parser.parse_args(argv)
     import torch
 
-    if args.torch_threads is not None:
-        torch.set_num_threads(args.torch_threads)
+    if args.single_thread:
+        # read when XLA's CPU client starts, at the first computation below
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+        torch.set_num_threads(1)
 
     (x, y), _ = data.load("synthetic", n_train=args.examples, n_test=1, features=SIZES[0], classes=SIZES[-1])
     x = (x / np.abs(x).max()).astype(np.float32)
@@ -244,7 +249,7 @@ def main(argv=None) -> int:
 
     title = (f"MLP 784-128-10, SGD, {args.examples} synthetic examples, median of {args.repeat} epochs; "
              f"float32 matmul peak {peak / 1e9:.1f} GFLOP/s ({jax.default_backend()}, torch {torch.__version__}, "
-             f"{torch.get_num_threads()} torch threads)")
+             f"{'one thread each' if args.single_thread else f'{torch.get_num_threads()} torch threads, XLA default'})")
     table = Table(title=title)
     for col in ("impl", "batch", "ms/epoch", "examples/s", "x torch eager", "GFLOP/s", "% of peak",
                 "max |dparam| vs torch", "error"):
@@ -253,9 +258,11 @@ def main(argv=None) -> int:
         if r.get("seconds_per_epoch") is None:
             table.add_row(r["impl"], str(r["batch"]), *["-"] * 6, r["error"] or "")
             continue
-        diff = "own shuffle" if r["max_param_diff"] is None else f"{r['max_param_diff']:.1e}"
+        diff = (f"{r['max_param_diff']:.1e}" if r["max_param_diff"] is not None
+                else "own shuffle" if r["impl"] == "funcnet run_epoch" else "-")
+        ratio = f"{r['vs_torch_eager']:.2f}" if "vs_torch_eager" in r else "-"
         table.add_row(r["impl"], str(r["batch"]), f"{r['seconds_per_epoch'] * 1e3:.1f}", f"{r['examples_per_s']:,.0f}",
-                      f"{r.get('vs_torch_eager', float('nan')):.2f}", f"{r['gflops']:.2f}",
+                      ratio, f"{r['gflops']:.2f}",
                       f"{r['gflops'] * 1e9 / peak:.1%}", diff, "")
     console = Console(width=max(Console().width, 150))
     console.print(table)
@@ -264,6 +271,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": platform.platform(), "backend": jax.default_backend(), "peak_flops": peak,
+                       "single_thread": args.single_thread, "load_average": os.getloadavg(),
                        "torch": torch.__version__, "jax": jax.__version__, "rows": rows,
                        "goals": [{"goal": n, "met": ok, "figure": fig} for n, ok, fig in checked]}, f, indent=2)
     return 0
