@@ -211,12 +211,22 @@ def _scan_epoch(step_fn, state, x, y, batch_size):
 
 
 @functools.partial(jax.jit, static_argnames=("step_fn",), donate_argnames=("state",))
-def _scan_steps(step_fn, state, x, y, indices):
-    return jax.lax.scan(lambda st, idx: step_fn(st, (x[idx], y[idx])), state, indices)
+def _steps_between(step_fn, state, x, y, indices, lo, hi):
+    # Steps lo..hi-1 of the epoch; lo and hi are traced, so one compiled loop serves stretches
+    # of every length. Metrics land in rows lo..hi-1 of a (steps,) buffer.
+    shapes = jax.eval_shape(step_fn, state, (x[indices[0]], y[indices[0]]))[1]
+    rows = jax.tree.map(lambda s: jnp.zeros((indices.shape[0],) + s.shape, s.dtype), shapes)
+
+    def body(i, carry):
+        st, buf = carry
+        st, metrics = step_fn(st, (x[indices[i]], y[indices[i]]))
+        return st, jax.tree.map(lambda b, m: b.at[i].set(m), buf, metrics)
+
+    return jax.lax.fori_loop(lo, hi, body, (state, rows))
 
 
 def _run_epoch_in_parts(step, state, x, y, batch_size, start: Position, every_steps, on_steps):
-    # The same batches and keys as run_epoch, scanned in stretches that end on multiples of
+    # The same batches and keys as run_epoch, run in stretches that end on multiples of
     # every_steps, so on_steps can checkpoint mid-epoch and a resumed run can finish the epoch.
     if start.perm_key is None:
         key, perm_key = jax.random.split(state.key)
@@ -232,17 +242,17 @@ def _run_epoch_in_parts(step, state, x, y, batch_size, start: Position, every_st
         stop = len(indices)
         if every_steps:
             stop = min(stop, done + every_steps - int(state.step) % every_steps)
-        state, metrics = _scan_steps(step.raw, state, x, y, indices[done:stop])
-        parts.append(jax.device_get(metrics))
+        state, rows = _steps_between(step.raw, state, x, y, indices, done, stop)
+        parts.append(jax.tree.map(lambda r: np.asarray(r)[done:stop], rows))
         done = stop
         if on_steps is not None and done < len(indices) and int(state.step) % every_steps == 0:
             on_steps(state, Position(start.epoch, perm_key, _concat(parts)))
-    return state, _concat(parts)
+    # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
+    return state, jax.tree.map(jnp.asarray, _concat(parts))
 
 
 def _concat(parts):
-    # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
-    return jax.tree.map(lambda *p: jnp.asarray(np.concatenate([np.asarray(a) for a in p])), *parts)
+    return jax.tree.map(lambda *p: np.concatenate([np.asarray(a) for a in p]), *parts)
 
 
 def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = True):
