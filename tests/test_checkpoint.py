@@ -267,10 +267,12 @@ def test_cli_resumed_from_a_mid_epoch_checkpoint_writes_the_uninterrupted_files(
 
 
 def test_killed_cli_run_resumes_to_the_uninterrupted_result(tmp_path):
-    # 40 epochs of 1437 // 71 = 20 steps: seconds of training left when the first checkpoint lands
-    epochs, steps = 40, 20
-    flags = ["train", "--quiet", "--epochs", str(epochs), "--hidden", "32", "--seed", "3", "--batch-size", "71"]
-    every = ["--checkpoint-every", "10"]  # checkpoints inside epochs too: the kill may land mid-epoch
+    # 40 epochs of 1437 // 32 = 44 steps: seconds of training left when the first checkpoint lands
+    epochs, steps = 40, 44
+    flags = ["train", "--quiet", "--epochs", str(epochs), "--hidden", "32", "--seed", "3"]
+    # checkpoints inside epochs too (the kill may land mid-epoch), in stretches of 10, 4, 6, 8 and
+    # 2 steps, since 10 does not divide 44; the oracle runs each epoch as one scan
+    every = ["--checkpoint-every", "10"]
     ckpt = tmp_path / "ckpt"
     t0 = time.perf_counter()
     victim = subprocess.Popen([sys.executable, "-m", "funcnet.cli", *flags, *every, "--checkpoint-dir", str(ckpt),
@@ -287,9 +289,9 @@ def test_killed_cli_run_resumes_to_the_uninterrupted_result(tmp_path):
 
     watcher = threading.Thread(target=kill_after_first_checkpoint)
     watcher.start()
-    # Meanwhile the oracle: the same flags, uninterrupted, no checkpoints, each epoch one scan, in
-    # this process (the resumed run starts from the killed process's state, so equality also shows
-    # that a fresh process computes the same bits).
+    # Meanwhile the oracle: the same flags, uninterrupted, no checkpoints, in this process (the
+    # resumed run starts from the killed process's state, so equality also shows that a fresh
+    # process computes the same bits).
     assert main([*flags, "--out", str(tmp_path / "whole")]) == 0
     watcher.join()
     _, err = victim.communicate()
