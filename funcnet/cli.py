@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("info", help="print both framework stacks on this machine")
+    # parsed by funcnet.memory.main; listed here so that `funcnet --help` shows it
+    sub.add_parser("memory", help="estimate the memory of a training step (funcnet memory --help)")
     return parser
 
 
@@ -281,6 +283,11 @@ def info_command(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["memory"]:
+        from funcnet import memory
+
+        return memory.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         if args.command == "train":
