@@ -2,9 +2,9 @@
 
 Same global batch, same model; only the number of devices it is split over changes.
 On a CPU-only machine the devices are simulated: they all share this machine's cores,
-so more devices cannot go faster here and the table measures the overhead of splitting
-(dispatch, all-reduce, per-device launch). The figure that matters, the scaling, comes
-from running this script on real accelerators (where it uses the devices it finds).
+so past the core count more devices cannot go faster and the table measures the overhead
+of splitting (dispatch, all-reduce, per-device launch). The figure that matters, the
+scaling, comes from running this script on real accelerators (it uses the devices it finds).
 
     python benchmarks/data_parallel.py [--devices 1 2 4 8] [--batch-size 512] [--steps 50]
 """
@@ -77,9 +77,10 @@ def main() -> None:
     console = Console()
     console.print(table)
     if platform == "cpu":
-        console.print(f"note: the {max(args.devices)} simulated devices share {cores} CPU cores; a ratio below "
-                      f"1x is the cost of splitting one machine's work, not a measure of scaling. Run on "
-                      f"GPUs/TPUs for the figure that matters.")
+        console.print(f"note: the simulated devices share this machine's {cores} CPU cores. Up to {cores} devices "
+                      f"can gain by using cores one device's program leaves idle; beyond that they compete "
+                      f"for the same cores, and the ratio is the cost of splitting, not a measure of scaling. "
+                      f"Run on GPUs/TPUs for the figure that matters.")
 
 
 if __name__ == "__main__":
