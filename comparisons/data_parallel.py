@@ -49,8 +49,8 @@ def ddp_worker(rank, world, port, workdir, dtype):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -139,7 +139,7 @@ def _jax_in_child(workdir: Path, dtype: str) -> dict:
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu",
                JAX_ENABLE_X64="1" if dtype == "float64" else "0")
     done = subprocess.run([sys.executable, "-m", "comparisons.data_parallel", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, check=False)
     if done.returncode:
         raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
     result = json.loads((workdir / "jax.json").read_text())
@@ -165,10 +165,9 @@ def _child_main(workdir: str) -> None:
 
 # ----------------------------------------------------------------------------- both
 def run(opts: Options = Options()) -> Result:
+    import jax
     import torch
     import torch.multiprocessing as mp
-
-    import jax
 
     import funcnet
     from funcnet import data, nn, parallel
