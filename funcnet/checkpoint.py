@@ -6,6 +6,17 @@ metadata. ``restore(directory, template)`` reads the latest one back into the
 structure of ``template``. torch counterpart: ``torch.save({"model": m.state_dict(),
 "optimizer": opt.state_dict(), ...}, path)`` / ``torch.load`` + ``load_state_dict``.
 
+Resuming a run exactly::
+
+    fit(..., on_epoch=lambda st, rec: save(d, st, step=int(st.step)))   # after each epoch
+    state = restore(d, create_train_state(model, tx, jax.random.key(0)))
+    fit(..., state=state, start=Position(epoch=epochs_done))            # same bits as uninterrupted
+
+Everything random derives from ``state.key``, which is saved, so the rest of the run
+draws the same shuffles and dropout masks. ``funcnet train --checkpoint-dir D --resume``
+does this, and also checkpoints inside epochs (``fit(every_steps=, on_steps=)``; the
+``Position`` travels in the metadata).
+
 Guarantees:
 
 - Atomic: the file is written under a temporary name in the same directory,
@@ -110,7 +121,7 @@ def _flatten(tree, what: str):
 def _check_step(step) -> int:
     try:
         step = operator.index(step) if not hasattr(step, "item") else operator.index(step.item())
-    except TypeError:
+    except (TypeError, ValueError):  # a float, or an array of more than one element
         raise TypeError(f"save: step must be a non-negative integer, got {step!r}; pass step=int(state.step)") from None
     if step < 0:
         raise ValueError(f"save: step must be a non-negative integer, got {step}")
