@@ -4,7 +4,7 @@ The library imports jax, optax, flax and numpy; never torch (``funcnet.interop``
 imports it lazily, inside the functions that need it).
 """
 
-from funcnet import autodiff, data, init, interop, losses, memory, nn, precision, profile, train
+from funcnet import autodiff, data, init, interop, losses, memory, nn, parallel, precision, profile, train
 from funcnet.state import StateDictError, load_state_dict, state_dict
 from funcnet.train import TrainState, create_train_state, evaluate, fit, make_step, run_epoch
 
@@ -14,6 +14,7 @@ __all__ = [
     "autodiff",
     "data",
     "memory",
+    "parallel",
     "precision",
     "profile",
     "init",
