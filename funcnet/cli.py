@@ -231,7 +231,7 @@ def _checkpointing(args, config, model, tx, loss_scale=None):
         if "perm_key" in pos:  # a checkpoint taken inside an epoch
             start = start._replace(
                 perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
-                metrics={k: np.asarray(pos[k], np.float32) for k in ("loss", "accuracy")})
+                metrics={k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()})
         reached = start.epoch + (start.perm_key is not None)
         if reached > args.epochs:
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
@@ -249,7 +249,9 @@ def _checkpointing(args, config, model, tx, loss_scale=None):
     def on_steps(state, position):
         inside = {"epoch": position.epoch, "perm_key": jax.random.key_data(position.perm_key).tolist(),
                   "key_impl": str(jax.random.key_impl(position.perm_key)),
-                  **{k: np.asarray(v).tolist() for k, v in position.metrics.items()}}
+                  # every per-step metric the step returns (fp16 adds grads_finite, loss_scale), exactly
+                  "metrics": {k: [np.asarray(v).dtype.name, np.asarray(v).tolist()]
+                              for k, v in position.metrics.items()}}
         checkpoint.save(directory, state, step=int(state.step),
                         metadata={"config": config, "history": done, "position": inside})
 

@@ -252,13 +252,15 @@ def test_cli_resumed_from_a_mid_epoch_checkpoint_writes_the_uninterrupted_files(
     # fit(every_steps=, on_steps=, start=Position(...)) as the CLI drives it; the Position
     # (epoch, shuffle key, per-step metrics so far) travels in the checkpoint's JSON metadata.
     # 1437 // 71 = 20 steps per epoch, checkpoints every 10 steps: 10, 20 (end of epoch 1), 30, 40
-    flags = ["train", "--quiet", "--epochs", "2", "--hidden", "16", "--batch-size", "71"]
+    # fp16: the state carries a dynamic loss scale and the step reports grads_finite/loss_scale too
+    flags = ["train", "--quiet", "--epochs", "2", "--hidden", "16", "--batch-size", "71", "--precision", "fp16"]
     ckpt = tmp_path / "ckpt"
     assert main([*flags, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", "--out", str(tmp_path / "a")]) == 0
     assert checkpoint.all_steps(ckpt) == [20, 30, 40]
     checkpoint.checkpoint_path(ckpt, 40).unlink()  # as if killed right after step 30 was saved
     position = checkpoint.read_metadata(ckpt)["position"]
-    assert position["epoch"] == 1 and len(position["loss"]) == 10 and "perm_key" in position
+    assert position["epoch"] == 1 and position["metrics"]["loss"][0] == "float32" and "perm_key" in position
+    assert len(position["metrics"]["loss"][1]) == 10 and position["metrics"]["grads_finite"][0] == "bool"
     assert main([*flags, "--checkpoint-dir", str(ckpt), "--resume", "--out", str(tmp_path / "resumed")]) == 0
     # the oracle is run a itself; that a run checkpointing inside epochs equals one that does not
     # is shown by the kill test below
