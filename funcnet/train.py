@@ -304,6 +304,19 @@ def evaluate(model: Module, params, x, y, *, batch_size: int | None = None,
     return {"loss": float(total_loss) / n, "accuracy": float(correct) / n}
 
 
+def _check_label_range(model, params, *datasets) -> None:
+    # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
+    # read a clipped logit. Check once, on the host, against the model's output size.
+    n_classes = jax.eval_shape(lambda p, x: model.apply(p, x), params, jnp.asarray(datasets[0][0][:1])).shape[-1]
+    for name, ds in zip(("train", "test"), datasets):
+        if ds is None or not len(ds[1]):
+            continue
+        low, high = int(np.min(ds[1])), int(np.max(ds[1]))
+        if low < 0 or high >= n_classes:
+            raise ValueError(f"{name} labels range over [{low}, {high}] but the model has {n_classes} outputs; "
+                             f"labels must be class indices in [0, {n_classes - 1}] (or widen the last layer)")
+
+
 def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=None, *,
         epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
@@ -334,6 +347,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy)
     if state is None:
         state = create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
+    _check_label_range(model, state.params, train_data, test_data)
     history = []
     columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn()]

@@ -130,3 +130,13 @@ def test_fit_reaches_95_percent_on_digits(digits):
     assert len(history) == 20
     assert history[-1]["test_accuracy"] >= 0.95
     assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+
+def test_fit_refuses_labels_outside_the_model_outputs(digits):
+    (x, y), (xt, yt) = digits
+    model = nn.MLP([64, 16, 10])
+    with pytest.raises(ValueError, match=r"train labels range over \[10, 19\] but the model has 10 outputs"):
+        train.fit(model, optax.sgd(0.1), (x, y + 10), epochs=1, batch_size=32, key=jax.random.key(0), progress=False)
+    with pytest.raises(ValueError, match=r"test labels range over \[-1, 8\]"):
+        train.fit(model, optax.sgd(0.1), (x, y), (xt, yt - 1), epochs=1, batch_size=32, key=jax.random.key(1),
+                  progress=False)
