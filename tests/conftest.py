@@ -15,3 +15,21 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_debug_key_reuse", True)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_torch_thread():
+    """No result depends on torch's thread count; on a small shared CPU its spinning
+    intra-op threads make the comparisons' tiny ops tens of times slower."""
+    try:
+        import torch
+    except ImportError:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

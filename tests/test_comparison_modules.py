@@ -1,20 +1,10 @@
 """comparisons/modules.py: torch nn.Module, funcnet Module and flax nnx agree, and a shifted weight is caught."""
 
 import pytest
-import torch
 
 from comparisons import modules
 from comparisons._core import Options
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # the numbers do not depend on it; on a shared CPU torch's spinning intra-op threads
-    # make these tiny ops tens of times slower
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def report(result):

@@ -7,22 +7,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from comparisons import training_loop
 from comparisons._core import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # the numbers do not depend on it; on a shared CPU torch's spinning intra-op threads
-    # make these tiny ops tens of times slower
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def report(result):

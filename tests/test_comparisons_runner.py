@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 
 from comparisons import __main__ as runner
 from comparisons import paradigms
