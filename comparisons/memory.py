@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from comparisons._core import Options, Result, Side, equal, expect, source, timed
 

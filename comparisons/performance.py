@@ -234,7 +234,6 @@ def _bottlenecks(x, y, step, fresh_state):
 
 def run(opts: Options = Options()) -> Result:
     import jax
-    import jax.numpy as jnp
     import torch
 
     from funcnet import data, nn
