@@ -164,11 +164,20 @@ def select_tree(pred: Any, on_true: Any, on_false: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
+def _has_float64() -> bool:
+    return jax.default_backend() != "tpu"
+
+
 def _inverse(scale: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(w, post)``, float32 scalars whose product is GradScaler's ``inv_scale`` exactly:
     ``float32(1 / float64(scale))``. Above 2**126 that reciprocal is a float32 subnormal,
     which XLA would flush to zero (and every gradient with it), so it is returned as a
-    normal ``w`` rounded on the subnormal grid, times ``post = 2**-64``."""
+    normal ``w`` rounded on the subnormal grid, times ``post = 2**-64``.
+
+    TPUs have no float64: there the reciprocal is taken in float32, which is the same
+    number whenever the scale is a power of two (GradScaler's defaults keep it one)."""
+    if not _has_float64():
+        return jnp.float32(1.0) / scale.astype(jnp.float32), jnp.float32(1.0)
     with jax.enable_x64(True):
         s = scale.astype(jnp.float64)
         big = s > 2.0**126
@@ -201,6 +210,8 @@ def _times(scale: jax.Array, factor: float) -> jax.Array:
     ``_amp_update_scale_`` computes it (factor is a C++ double there)."""
     if float(np.float32(factor)) == factor:
         # a product of two float32 values is exact in float64, so float32 arithmetic rounds the same way
+        return scale * np.float32(factor)
+    if not _has_float64():  # TPU: one float32 rounding; torch rounds the float64 product once
         return scale * np.float32(factor)
     with jax.enable_x64(True):
         return (scale.astype(jnp.float64) * factor).astype(jnp.float32)

@@ -433,3 +433,17 @@ def test_cli_refuses_low_precision_with_several_devices(capsys):
     assert cli.main(["train", "--precision", "bf16", "--devices", "2", "--out", "unused"]) == 2
     err = capsys.readouterr().err
     assert "--precision bf16 is not supported with --devices/--parallel yet; train on one device" in err
+
+
+def test_float32_fallback_for_tpu_is_exact_for_power_of_two_scales(monkeypatch):
+    # TPUs have no float64; the fallback must give the same numbers on GradScaler's default path
+    from funcnet import precision as prec
+
+    scales = [jnp.float32(2.0 ** e) for e in (-20, 0, 16, 24, 100)]
+    exact = [prec._inverse(s) for s in scales]
+    monkeypatch.setattr(prec, "_has_float64", lambda: False)
+    for s, (w, post) in zip(scales, exact):
+        w32, post32 = prec._inverse(s)
+        assert float(w32) * float(post32) == float(w) * float(post) == 1.0 / float(s)
+        assert float(prec._times(s, 2.0)) == 2.0 * float(s)
+        assert float(prec._times(s, 0.5)) == 0.5 * float(s)
