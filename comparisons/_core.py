@@ -74,6 +74,14 @@ class Result:
     def ok(self) -> bool:
         return bool(self.checks) and all(c.ok for c in self.checks)
 
+    def failed(self) -> set[str]:
+        """The names of the checks that failed."""
+        return {c.name for c in self.checks if not c.ok}
+
+    def report(self) -> str:
+        """Every check on its own line, marked ok or FAIL, with its detail."""
+        return "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in self.checks)
+
     def to_json(self) -> dict:
         return {
             "name": self.name,

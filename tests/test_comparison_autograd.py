@@ -12,10 +12,6 @@ from comparisons import autograd
 from comparisons._core import Options
 
 
-def _failed(result):
-    return "\n".join(f"{c.name}: {c.detail}" for c in result.checks if not c.ok)
-
-
 @pytest.fixture(scope="module")
 def result():
     return autograd.run()
@@ -23,7 +19,7 @@ def result():
 
 def test_autograd_agrees(result):
     assert result.name == "autograd" and result.title == autograd.TITLE
-    assert result.ok, _failed(result)
+    assert result.ok, result.report()
 
 
 def test_every_topic_is_checked(result):
@@ -39,9 +35,9 @@ def test_every_topic_is_checked(result):
 def test_perturbed_weight_fails_the_gradient_checks():
     result = autograd.run(Options(perturb=1e-3))
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
+    failed = result.failed()
     assert "MLP: grad 2.weight" in failed and "MLP: loss, torch vs JAX (same weights)" in failed, failed
-    assert all(c.ok for c in result.checks if not c.name.startswith("MLP")), _failed(result)
+    assert all(c.ok for c in result.checks if not c.name.startswith("MLP")), result.report()
 
 
 _FLOAT64 = """

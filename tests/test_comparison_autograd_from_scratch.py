@@ -20,7 +20,7 @@ def test_verdict_passes(dtype):
 
 def test_perturbed_jax_weight_fails_the_verdict():
     result = autograd_from_scratch.run(Options(perturb=1e-2))
-    failed = {c.name for c in result.checks if not c.ok}
+    failed = result.failed()
     assert not result.ok
     assert "trained parameters: funcnet.autodiff == jax.grad" in failed
     assert "training loss curves: funcnet.autodiff == jax.grad" in failed

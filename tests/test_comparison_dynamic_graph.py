@@ -7,10 +7,6 @@ from comparisons import dynamic_graph
 from comparisons._core import Options
 
 
-def _failed(result):
-    return "\n".join(f"{c.name}: {c.detail}" for c in result.checks if not c.ok)
-
-
 @pytest.fixture(scope="module")
 def result():
     return dynamic_graph.run()
@@ -18,7 +14,7 @@ def result():
 
 def test_dynamic_graph_agrees(result):
     assert result.name == "dynamic_graph" and result.title == dynamic_graph.TITLE
-    assert result.ok, _failed(result)
+    assert result.ok, result.report()
 
 
 def test_every_topic_is_checked(result):
@@ -43,11 +39,11 @@ def test_series_counts_traces_per_call(result):
 def test_perturbed_weight_fails_the_output_checks():
     result = dynamic_graph.run(Options(perturb=1e-3))
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
+    failed = result.failed()
     assert "use_dropout=False: torch vs JAX static flag" in failed, failed
     assert any(name.startswith("model_a/model_b loop") for name in failed), failed
     # trace counts do not depend on the numbers
-    assert all(c.ok for c in result.checks if "traces" in c.name), _failed(result)
+    assert all(c.ok for c in result.checks if "traces" in c.name), result.report()
 
 
 def test_float64_without_x64_is_refused():

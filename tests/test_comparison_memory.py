@@ -4,10 +4,6 @@ from comparisons import memory
 from comparisons._core import Options
 
 
-def _failed(result):
-    return {c.name for c in result.checks if not c.ok}
-
-
 def test_memory_comparison_passes():
     result = memory.run(Options())
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]
@@ -18,7 +14,7 @@ def test_memory_comparison_passes():
 def test_perturbed_jax_model_fails_the_cross_framework_counts():
     result = memory.run(Options(perturb=1.0))  # one more hidden unit on the JAX side
     assert not result.ok
-    failed = _failed(result)
+    failed = result.failed()
     assert "params: torch numel x element_size == JAX tree bytes" in failed
     assert "Adam moments: torch exp_avg + exp_avg_sq == optax mu + nu" in failed
     # the 7B arithmetic and JAX's own estimate-vs-XLA check do not depend on torch

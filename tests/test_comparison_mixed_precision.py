@@ -7,10 +7,6 @@ from comparisons import mixed_precision
 from comparisons._core import Options
 
 
-def _failed(result):
-    return "\n".join(f"{c.name}: {c.detail}" for c in result.checks if not c.ok)
-
-
 @pytest.fixture(scope="module")
 def result():
     return mixed_precision.run()
@@ -18,7 +14,7 @@ def result():
 
 def test_mixed_precision_agrees(result):
     assert result.name == "mixed_precision" and result.title == mixed_precision.TITLE
-    assert result.ok, _failed(result)
+    assert result.ok, result.report()
     names = " | ".join(c.name for c in result.checks)
     for topic in ("loss-scale sequence", "skipped steps: JAX == torch", "params bit-identical across every skipped",
                   "first-batch logits", "losses on the kept steps"):
@@ -33,5 +29,5 @@ def test_perturbed_weight_fails_the_agreement_checks():
     # 0.01 on one output bias: above bfloat16's resolution (2**-8 relative) at the logits
     result = mixed_precision.run(Options(perturb=1e-2))
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
+    failed = result.failed()
     assert "first-batch logits, bf16: JAX == torch autocast" in failed

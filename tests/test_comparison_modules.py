@@ -6,14 +6,9 @@ from comparisons import modules
 from comparisons._core import Options
 
 
-
-def report(result):
-    return "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in result.checks)
-
-
 def test_all_checks_pass():
     result = modules.run()
-    assert result.ok, report(result)
+    assert result.ok, result.report()
     assert result.name == "modules" and result.title == modules.TITLE
     assert "class SimpleModel(tnn.Module)" in result.torch.source and "def mlp_model" in result.jax.source
     assert "class NnxMLP(nnx.Module)" in result.jax.source
@@ -29,9 +24,9 @@ def test_all_checks_pass():
 def test_a_perturbed_jax_weight_fails_the_forward_checks():
     result = modules.run(Options(perturb=1e-2))
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
-    assert "MLP eval: funcnet apply(train=False) == torch eval()" in failed, report(result)
-    assert "MLP eval: nnx eval() == torch eval()" in failed, report(result)
+    failed = result.failed()
+    assert "MLP eval: funcnet apply(train=False) == torch eval()" in failed, result.report()
+    assert "MLP eval: nnx eval() == torch eval()" in failed, result.report()
 
 
 def test_float64_without_x64_is_refused_clearly():

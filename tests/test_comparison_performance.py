@@ -8,10 +8,6 @@ from comparisons._core import Options
 pytestmark = pytest.mark.slow
 
 
-def _failed(result):
-    return {c.name for c in result.checks if not c.ok}
-
-
 def test_performance_comparison_passes():
     result = performance.run(Options())
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]
@@ -23,7 +19,7 @@ def test_performance_comparison_passes():
 
 def test_perturbed_jax_weight_fails_only_the_torch_vs_jax_checks():
     result = performance.run(Options(perturb=0.5))
-    failed = _failed(result)
+    failed = result.failed()
     assert "timing: same forward output (1024 x 784 MLP)" in failed
     assert f"same {performance.STEPS} SGD losses in torch and JAX" in failed
     # each framework still agrees with itself, both ways of each trap

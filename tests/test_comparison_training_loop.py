@@ -14,14 +14,9 @@ from comparisons._core import Options
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-def report(result):
-    return "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in result.checks)
-
-
 def test_all_checks_pass_over_at_least_200_steps():
     result = training_loop.run()
-    assert result.ok, report(result)
+    assert result.ok, result.report()
     curves = result.series["training loss per step"]
     assert set(curves) == {"torch", "funcnet"}
     assert len(curves["torch"]) == len(curves["funcnet"]) >= 200
@@ -31,8 +26,8 @@ def test_all_checks_pass_over_at_least_200_steps():
 def test_a_perturbed_jax_weight_fails_the_curve_check():
     result = training_loop.run(Options(perturb=1e-2), epochs=1)
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
-    assert "training loss per step: funcnet run_epoch == torch loop" in failed, report(result)
+    failed = result.failed()
+    assert "training loss per step: funcnet run_epoch == torch loop" in failed, result.report()
     # both JAX runs carry the same perturbation, so they still agree with each other
     assert "run_epoch (one lax.scan) == make_step per batch: losses" not in failed
 

@@ -6,14 +6,9 @@ from comparisons import two_layer_net
 from comparisons._core import Options
 
 
-
-def report(result):
-    return "\n".join(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}" for c in result.checks)
-
-
 def test_all_checks_pass_and_curves_are_reported():
     result = two_layer_net.run()
-    assert result.ok, report(result)
+    assert result.ok, result.report()
     assert result.name == "two_layer_net"
     assert "class TwoLayerNet" in result.torch.source and "torch.clamp" in result.torch.source
     assert "jax.tree.map" in result.jax.source
@@ -25,9 +20,9 @@ def test_all_checks_pass_and_curves_are_reported():
 def test_a_perturbed_jax_weight_fails_the_curve_checks():
     result = two_layer_net.run(Options(perturb=1e-2))
     assert not result.ok
-    failed = {c.name for c in result.checks if not c.ok}
-    assert "loss curve: JAX hand-written == torch hand-written" in failed, report(result)
-    assert "loss curve: funcnet nn.Sequential == torch nn.Sequential" in failed, report(result)
+    failed = result.failed()
+    assert "loss curve: JAX hand-written == torch hand-written" in failed, result.report()
+    assert "loss curve: funcnet nn.Sequential == torch nn.Sequential" in failed, result.report()
     # the perturbation is on the JAX side only: torch's two forms still agree with each other
     assert "loss curve: torch nn.Sequential == torch hand-written" not in failed
 

@@ -21,7 +21,7 @@ def test_paradigms_passes_and_writes_json_and_report(tmp_path, capsys):
 
 def test_paradigms_perturbed_weight_fails():
     result = paradigms.run(Options(perturb=1e-2))
-    failed = {c.name for c in result.checks if not c.ok}
+    failed = result.failed()
     assert not result.ok
     assert "one SGD step: same new weights" in failed
 
