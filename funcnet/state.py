@@ -12,32 +12,119 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["state_dict", "load_state_dict", "StateDictError"]
+__all__ = ["state_dict", "load_state_dict", "StateDictError", "merge", "tied_keys", "keys_in_order"]
 
 
 class StateDictError(ValueError):
     """Raised by strict loading; lists every missing key, unexpected key and shape mismatch."""
 
 
-def state_dict(params: Any) -> dict[str, jax.Array]:
-    """Flatten a nested dict of arrays into ``{"a.b.c": array}`` (torch's Module.state_dict)."""
+def _is_leaf(node) -> bool:
+    return not isinstance(node, (Mapping, list, tuple)) and node is not None
+
+
+def merge(params: Any, state: Any = None) -> dict:
+    """One nested dict of params and state (torch's parameters and buffers), in torch's order:
+    at each level a module's own params, then its own buffers, then its children."""
+    if not state:
+        return params
+    if not isinstance(params, Mapping) or not isinstance(state, Mapping):
+        raise TypeError("state_dict: params and state must be nested dicts shaped like the model "
+                        "(model.init(key), model.init_state())")
+    own = [(k, v) for k, v in params.items() if not isinstance(v, Mapping)]
+    own += [(k, v) for k, v in state.items() if not isinstance(v, Mapping)]
+    names = [k for k, v in params.items() if isinstance(v, Mapping)]
+    names += [k for k, v in state.items() if isinstance(v, Mapping) and k not in names]
+    if all(str(n).isdigit() for n in names):
+        names.sort(key=int)
+    children = [(k, merge(params.get(k, {}), state.get(k))) for k in names]
+    return dict(own + children)
+
+
+def state_dict(params: Any, state: Any = None, *, model: Any = None) -> dict[str, jax.Array]:
+    """Flatten params (and the model's state, torch's buffers) into ``{"a.b.c": array}``,
+    the keys of torch's ``Module.state_dict()``. A tied parameter (``nn.Tied``) is listed
+    under both of its names, as torch lists it.
+
+    The order is that of the dicts, and every JAX transformation (jit, grad, tree_map)
+    returns dicts with sorted keys; pass ``model=`` for torch's order (a module's own
+    parameters, then its buffers, then its children in the order they were declared).
+    """
+    flat = _flatten(params, state)
+    if model is None:
+        return flat
+    order = keys_in_order(model)
+    return {k: flat[k] for k in sorted(flat, key=lambda k: order.get(k, len(order)))}
+
+
+def keys_in_order(model: Any) -> dict[str, int]:
+    """``{key: position}`` of ``model``'s state_dict keys in torch's order: a composite's own
+    parameters, then its children in the order they were declared; inside a layer, its
+    params then its buffers, in the order its ``init`` builds them (traced on shapes only)."""
+    from funcnet.nn.module import Module, initial_state
+
+    order: list[str] = []
+
+    def visit(m, prefix, key):
+        if not m.children:
+            order.extend(prefix + k for k in _flatten(m.init(jax.random.clone(key)), initial_state(m)))
+            return
+        own = [n for n, c in m.children if c is not None and not isinstance(c, Module)]
+        order.extend(prefix + n for n in own)
+        for n, c in m.children:
+            if isinstance(c, Module):
+                visit(c, f"{prefix}{n}.", key)
+
+    jax.eval_shape(lambda key: visit(model, "", key), jax.random.key(0))
+    return {k: i for i, k in enumerate(order)}
+
+
+def _flatten(params: Any, state: Any = None) -> dict:
+    from funcnet.nn.module import Tied
+
     flat: dict[str, jax.Array] = {}
 
-    def walk(node, prefix):
+    def walk(node, prefix, ancestors):
         if isinstance(node, Mapping):
             for name, child in node.items():
                 name = str(name)
                 if "." in name:
                     raise ValueError(f"state_dict: parameter name {name!r} contains '.', which joins key levels")
-                walk(child, f"{prefix}{name}.")
+                if isinstance(child, Tied):
+                    owner = (ancestors + [node])[-child.depth]
+                    target = owner
+                    for part in child.target.split("."):
+                        target = target[part]
+                    flat[f"{prefix}{name}"] = target
+                else:
+                    walk(child, f"{prefix}{name}.", ancestors + [node])
         elif isinstance(node, (list, tuple)):
             for i, child in enumerate(node):
-                walk(child, f"{prefix}{i}.")
+                walk(child, f"{prefix}{i}.", ancestors + [node])
         elif node is not None:
             flat[prefix[:-1]] = node
 
-    walk(params, "")
+    walk(merge(params, state), "", [])
     return flat
+
+
+def tied_keys(params: Any) -> dict[str, str]:
+    """``{dotted key of a tied parameter: dotted key of the array it is}``."""
+    from funcnet.nn.module import Tied
+
+    out = {}
+
+    def walk(node, path):
+        if isinstance(node, Mapping):
+            for name, child in node.items():
+                if isinstance(child, Tied):
+                    owner = path[:len(path) + 1 - child.depth]
+                    out[".".join(path + [str(name)])] = ".".join(owner + child.target.split("."))
+                else:
+                    walk(child, path + [str(name)])
+
+    walk(params, [])
+    return out
 
 
 def _as_array(value):
@@ -46,20 +133,23 @@ def _as_array(value):
     return np.asarray(value)
 
 
-def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True) -> Any:
-    """A copy of ``params`` with every leaf replaced by ``sd[dotted_key]``.
+def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, state: Any = None) -> Any:
+    """A copy of ``params`` with every leaf replaced by ``sd[dotted_key]``; with ``state=``
+    (the model's state, e.g. ``model.init_state()``) the buffers are loaded too and
+    ``(params, state)`` is returned.
 
-    ``params`` is the template (from ``model.init``): it fixes the structure, the
-    shapes and the dtypes (values are cast to the template's dtype, as torch's
-    ``load_state_dict`` copies into existing tensors). ``sd`` may hold jax or numpy
-    arrays or CPU torch tensors. With ``strict=True`` any missing or unexpected key
-    is an error; a shape mismatch is always an error (as in torch). All problems are
-    reported together in one ``StateDictError``.
+    ``params`` (and ``state``) are the template: they fix the structure, the shapes and
+    the dtypes (values are cast to the template's dtype, as torch's ``load_state_dict``
+    copies into existing tensors). ``sd`` may hold jax or numpy arrays or CPU torch
+    tensors. With ``strict=True`` any missing or unexpected key is an error; a shape
+    mismatch is always an error (as in torch). All problems are reported together in one
+    ``StateDictError``. A tied parameter's second key must hold the same values as its first.
     """
     if not isinstance(sd, Mapping):
         raise TypeError(f"load_state_dict: expected a mapping of dotted keys to arrays, got {type(sd).__name__}")
-    template = state_dict(params)
-    missing = [k for k in template if k not in sd]
+    template = state_dict(params, state)
+    ties = tied_keys(params)
+    missing = [k for k in template if k not in sd and not (k in ties and ties[k] in sd)]
     unexpected = [k for k in sd if k not in template]
     mismatched = []
     values = {}
@@ -70,15 +160,24 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True) -> 
         if tuple(value.shape) != tuple(jnp.shape(leaf)):
             mismatched.append(f"{k}: expected shape {tuple(jnp.shape(leaf))}, got {tuple(value.shape)}")
             continue
+        if k in ties:
+            if ties[k] in sd and not np.array_equal(value, _as_array(sd[ties[k]])):
+                mismatched.append(f"{k}: is tied to {ties[k]} in this model but holds different values")
+            elif ties[k] not in sd:
+                values[ties[k]] = jnp.asarray(value, dtype=jnp.result_type(leaf))
+            continue
         values[k] = jnp.asarray(value, dtype=jnp.result_type(leaf))
 
     problems = []
     if strict and missing:
         problems.append("missing keys: " + ", ".join(missing))
     if strict and unexpected:
-        problems.append("unexpected keys: " + ", ".join(unexpected))
+        hint = ""
+        if state is None and any(k.rsplit(".", 1)[-1] in _BUFFER_NAMES for k in unexpected):
+            hint = " (buffers such as running statistics: pass state=model.init_state() to load them too)"
+        problems.append("unexpected keys: " + ", ".join(unexpected) + hint)
     if mismatched:
-        problems.append("shape mismatches: " + "; ".join(mismatched))
+        problems.append("mismatches: " + "; ".join(mismatched))
     if problems:
         raise StateDictError(
             "load_state_dict: the state dict does not match the model's parameters.\n  "
@@ -87,13 +186,21 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True) -> 
             + (" (or pass strict=False to skip missing/unexpected keys)." if not mismatched else ".")
         )
 
-    leaves_with_path = jax.tree_util.tree_flatten_with_path(params)[0]
-    treedef = jax.tree_util.tree_structure(params)
-    new_leaves = []
-    for path, leaf in leaves_with_path:
-        key = ".".join(_path_name(p) for p in path)
-        new_leaves.append(values.get(key, leaf))
-    return jax.tree_util.tree_unflatten(treedef, new_leaves)
+    def fill(tree, prefix=""):
+        leaves_with_path = jax.tree_util.tree_flatten_with_path(tree)[0]
+        treedef = jax.tree_util.tree_structure(tree)
+        new_leaves = []
+        for path, leaf in leaves_with_path:
+            key = prefix + ".".join(_path_name(p) for p in path)
+            new_leaves.append(values.get(key, leaf))
+        return jax.tree_util.tree_unflatten(treedef, new_leaves)
+
+    if state is None:
+        return fill(params)
+    return fill(params), fill(state)
+
+
+_BUFFER_NAMES = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def _path_name(entry) -> str:

@@ -23,7 +23,7 @@ import optax
 from funcnet import data as _data
 from funcnet import losses as _losses
 from funcnet import precision as _precision
-from funcnet.nn import Module
+from funcnet.nn.module import Module, call, initial_state
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
 
@@ -33,7 +33,10 @@ class TrainState(NamedTuple):
 
     params: the model's params; opt_state: the optax state; step: int32 scalar;
     key: the PRNG key that dropout and shuffling draw from (split every use);
-    loss_scale: a precision loss-scale state, or None in full precision.
+    loss_scale: a precision loss-scale state, or None in full precision;
+    model_state: the model's state (torch's buffers, e.g. BatchNorm's running statistics),
+    ``{}`` for a model without state. Only ``params`` are differentiated and updated by
+    the optimizer; ``model_state`` is what the forward passes return.
     """
 
     params: Any
@@ -41,14 +44,18 @@ class TrainState(NamedTuple):
     step: jax.Array
     key: jax.Array
     loss_scale: Any = None
+    model_state: Any = None
 
 
 def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax.Array, *,
-                       params: Any = None, loss_scale: Any = None, policy: Any = None) -> TrainState:
-    """Initialise params (unless given) and optimizer state from ``key``.
+                       params: Any = None, loss_scale: Any = None, policy: Any = None,
+                       model_state: Any = None) -> TrainState:
+    """Initialise params (unless given), the model's state (unless given) and the optimizer
+    state from ``key``.
 
     ``loss_scale``: a ``funcnet.precision`` loss-scale state (e.g. ``DynamicLossScale()``);
-    ``policy``: the params are stored in its ``param_dtype`` (the master copy).
+    ``policy``: the params are stored in its ``param_dtype`` (the master copy); the model's
+    state keeps its own dtypes (running statistics stay float32, as in torch autocast).
     """
     _check_key(key, "create_train_state")
     init_key, key = jax.random.split(key)
@@ -56,7 +63,9 @@ def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax
         params = model.init(init_key)
     if policy is not None:
         params = _precision.get_policy(policy).cast_to_param(params)
-    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale)
+    if model_state is None:
+        model_state = initial_state(model)
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale, model_state)
 
 
 class Position(NamedTuple):
@@ -90,6 +99,21 @@ def _check_batch(x, y, accum_steps: int) -> None:
         )
 
 
+def default_metrics(outputs: jax.Array, targets: jax.Array) -> dict:
+    """``{"accuracy"}`` when ``targets`` are integer class indices of shape ``outputs.shape[:-1]``
+    (classification, language modelling), else ``{}`` (regression): decided from static shapes
+    and dtypes, so it costs nothing at run time."""
+    if is_classification(outputs, targets):
+        return {"accuracy": _losses.accuracy(outputs, targets)}
+    return {}
+
+
+def is_classification(outputs, targets) -> bool:
+    return (jnp.issubdtype(jnp.result_type(targets), jnp.integer)
+            and jnp.ndim(outputs) == jnp.ndim(targets) + 1
+            and jnp.shape(outputs)[:-1] == jnp.shape(targets))
+
+
 def make_step(
     model: Module,
     tx: optax.GradientTransformation,
@@ -99,24 +123,36 @@ def make_step(
     axis_name: str | None = None,
     donate: bool = True,
     policy: Any = None,
+    metrics: Callable[[jax.Array, jax.Array], dict] = default_metrics,
+    buffers: str = "broadcast",
 ):
-    """A compiled, pure training step ``step(state, (x, y)) -> (state, {"loss", "accuracy"})``.
+    """A compiled, pure training step ``step(state, (x, y)) -> (state, metrics)``.
 
+    - ``metrics``: ``"loss"`` plus ``metrics(outputs, y)`` (default: ``"accuracy"`` when ``y``
+      holds class indices, nothing more for regression targets).
+    - The model's state (``state.model_state``, torch's buffers) goes through the forward
+      pass in train mode and comes back updated, never differentiated.
     - The old state is donated: its buffers are reused for the new one (the
       functional counterpart of torch's in-place ``optimizer.step()``); do not use
       it after the call.
     - ``accum_steps=k`` splits the batch into k micro-batches, sums their gradients in
       a ``lax.scan`` and applies one update with the mean: torch's "call backward k
-      times, then step" without a mutable ``.grad``.
+      times, then step" without a mutable ``.grad``. The model's state advances once per
+      micro-batch, as k torch forward passes would advance it.
     - ``axis_name``: gradients and metrics are averaged with ``lax.pmean`` over that
-      named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it.
+      named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it. The
+      model's state: ``buffers="broadcast"`` keeps device 0's (torch DDP's default
+      ``broadcast_buffers=True``), ``"local"`` keeps each device's own (DDP with
+      ``broadcast_buffers=False``). For statistics over the global batch use
+      ``nn.SyncBatchNorm`` layers with this ``axis_name``.
     - ``policy`` (a ``funcnet.precision.Policy`` or a string such as ``"bf16"``): the
       forward and backward pass run on a ``compute_dtype`` copy of params and inputs
-      (torch: ``autocast``); logits are cast to ``output_dtype`` before the loss.
+      (torch: ``autocast``); outputs are cast to ``output_dtype`` before the loss.
     - ``state.loss_scale`` (torch: ``GradScaler``): when not None the loss is scaled,
       the gradients unscaled in float32, and a step whose scaled gradients are not all
       finite keeps params and optimizer state (optax's count too) exactly, as
-      ``scaler.step`` skips ``optimizer.step()``; the scale is then adjusted. All on
+      ``scaler.step`` skips ``optimizer.step()``; the scale is then adjusted. The model's
+      state still advances, as torch's forward has already updated the buffers. All on
       device; metrics gain ``"loss_scale"`` (the scale this step used) and ``"grads_finite"``.
 
     ``step.raw`` is the uncompiled function, for use inside other transformations
@@ -124,52 +160,67 @@ def make_step(
     """
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
         raise ValueError(f"accum_steps must be a positive int, got {accum_steps!r}")
+    if buffers not in ("broadcast", "local"):
+        raise ValueError(f"buffers must be 'broadcast' (torch DDP's default) or 'local', got {buffers!r}")
+    if not isinstance(model, Module):
+        raise TypeError(f"make_step: model must be a funcnet.nn.Module, got {type(model).__name__}; "
+                        f"build it with funcnet.nn (e.g. nn.MLP([64, 128, 10]))")
+    _check_tx(tx, "make_step")
     policy = None if policy is None else _precision.get_policy(policy)
 
-    def loss_and_logits(params, x, y, key, loss_scale):
+    def loss_and_outputs(params, model_state, x, y, key, loss_scale):
         if policy is not None:
             params, x = policy.cast_to_compute((params, x))
-        logits = model.apply(params, x, key=key, train=True)
+        outputs, model_state = call(model, params, model_state, x, key=key, train=True)
         if policy is not None:
-            logits = policy.cast_to_output(logits)
-        loss = loss_fn(logits, y)
-        return (loss if loss_scale is None else loss_scale.scale(loss)), (loss, logits)
+            outputs = policy.cast_to_output(outputs)
+        loss = loss_fn(outputs, y)
+        return (loss if loss_scale is None else loss_scale.scale(loss)), (loss, outputs, model_state)
 
-    grad_fn = jax.value_and_grad(loss_and_logits, has_aux=True)
+    grad_fn = jax.value_and_grad(loss_and_outputs, has_aux=True)
 
     def step(state: TrainState, batch):
+        _check_step_args(state, batch)
         x, y = batch
         _check_batch(x, y, accum_steps)
         key, dropout_key = jax.random.split(state.key)
         grad_params = state.params
+        model_state = state.model_state
         if axis_name is not None:
             dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
             # Differentiate a per-device copy. Under shard_map's type checking the gradient of a
             # replicated input would otherwise come back already summed over devices (the
             # transpose of the implicit broadcast is a psum); the pmean below is the all-reduce.
             grad_params = jax.lax.pcast(state.params, axis_name, to="varying")
+            model_state = jax.lax.pcast(model_state, axis_name, to="varying")
         if accum_steps == 1:
-            (_, (loss, logits)), grads = grad_fn(grad_params, x, y, dropout_key, state.loss_scale)
-            acc = _losses.accuracy(logits, y)
+            (_, (loss, outputs, model_state)), grads = grad_fn(grad_params, model_state, x, y, dropout_key,
+                                                               state.loss_scale)
+            values = {"loss": loss, **metrics(outputs, y)}
         else:
             micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
             micro_y = y.reshape((accum_steps, -1) + y.shape[1:])
             keys = jax.random.split(dropout_key, accum_steps)
 
-            def micro(total, inputs):
+            def micro(carry, inputs):
+                total, ms = carry
                 xb, yb, k = inputs
-                (_, (loss_b, logits_b)), grads_b = grad_fn(grad_params, xb, yb, k, state.loss_scale)
-                total = jax.tree.map(jnp.add, total, (grads_b, loss_b, _losses.accuracy(logits_b, yb)))
-                return total, None
+                (_, (loss_b, out_b, ms)), grads_b = grad_fn(grad_params, ms, xb, yb, k, state.loss_scale)
+                total = jax.tree.map(jnp.add, total, (grads_b, {"loss": loss_b, **metrics(out_b, yb)}))
+                return (total, ms), None
 
-            zero = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros(()), jnp.zeros(()))
+            one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), (micro_x, micro_y, keys))
+            out_shape = jax.eval_shape(grad_fn, grad_params, model_state, *one, state.loss_scale)[0][1][1]
+            shapes = jax.eval_shape(lambda o, t: {"loss": loss_fn(o, t), **metrics(o, t)}, out_shape, micro_y[0])
+            zero = (jax.tree.map(jnp.zeros_like, state.params),
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
             if axis_name is not None:
                 zero = jax.lax.pcast(zero, axis_name, to="varying")  # the carry holds per-device sums
-            (grads, loss, acc), _ = jax.lax.scan(micro, zero, (micro_x, micro_y, keys))
-            grads, loss, acc = jax.tree.map(lambda t: t / accum_steps, (grads, loss, acc))
+            ((grads, values), model_state), _ = jax.lax.scan(micro, (zero, model_state), (micro_x, micro_y, keys))
+            grads, values = jax.tree.map(lambda t: t / accum_steps, (grads, values))
         if axis_name is not None:
-            grads, loss, acc = jax.lax.pmean((grads, loss, acc), axis_name)
-        metrics = {"loss": loss, "accuracy": acc}
+            grads, values = jax.lax.pmean((grads, values), axis_name)
+            model_state = _sync_buffers(model_state, axis_name, buffers)
         loss_scale = state.loss_scale
         if loss_scale is not None:
             finite = _precision.all_finite(grads)  # of the scaled gradients, as GradScaler checks them
@@ -185,10 +236,10 @@ def make_step(
             # GradScaler skips optimizer.step() on overflow. A cond rather than a select of both
             # results: only one branch runs, and the new state can reuse the donated buffers.
             params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), grads)
-            metrics.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
+            values.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
             loss_scale = loss_scale.adjust(finite)
-        new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale)
-        return new_state, metrics
+        new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale, model_state)
+        return new_state, values
 
     donate_argnums = (0,) if donate else ()
     if axis_name is not None:
@@ -197,6 +248,29 @@ def make_step(
         compiled = jax.jit(step, donate_argnums=donate_argnums)
     compiled.raw = step
     return compiled
+
+
+def _sync_buffers(model_state, axis_name: str, buffers: str):
+    if buffers == "local" or not jax.tree.leaves(model_state):
+        return model_state
+    # DDP's broadcast_buffers: every replica continues from rank 0's buffers.
+    first = jax.lax.axis_index(axis_name) == 0
+    return jax.tree.map(lambda b: jax.lax.psum(jnp.where(first, b, jnp.zeros_like(b)), axis_name), model_state)
+
+
+def _check_tx(tx, where: str) -> None:
+    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+        hint = " (call it: optax.adam(1e-3), not optax.adam)" if callable(tx) else \
+            " such as optax.adam(1e-3)"
+        raise TypeError(f"{where}: tx must be an optax GradientTransformation{hint}, got {tx!r:.60}")
+
+
+def _check_step_args(state, batch) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"step: the first argument must be the TrainState from create_train_state, got "
+                        f"{type(state).__name__}; call step(state, (x, y))")
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"step: the batch must be a pair (x, y), got {type(batch).__name__}; call step(state, (x, y))")
 
 
 @functools.partial(jax.jit, static_argnames=("step_fn", "batch_size"), donate_argnames=("state",))
@@ -279,35 +353,48 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
     return state, jax.tree.map(lambda *m: jnp.stack(m), *history)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "loss_fn"))
-def _eval_batch(model, loss_fn, params, x, y):
-    logits = model.apply(params, x, train=False)
-    return loss_fn(logits, y, reduction="sum"), jnp.sum(jnp.argmax(logits, -1) == y)
+@functools.partial(jax.jit, static_argnames=("model", "loss_fn", "metrics"))
+def _eval_batch(model, loss_fn, metrics, params, model_state, x, y):
+    outputs, _ = call(model, params, model_state, x, train=False)
+    sums = {"loss": loss_fn(outputs, y, reduction="sum")}
+    if metrics is default_metrics and is_classification(outputs, y):
+        sums["accuracy"] = jnp.sum(jnp.argmax(outputs, -1) == y)
+    return sums
 
 
-def evaluate(model: Module, params, x, y, *, batch_size: int | None = None,
-             loss_fn=_losses.cross_entropy) -> dict[str, float]:
-    """Mean loss and accuracy in eval mode (``train=False``), as Python floats.
+def evaluate(model: Module, params, x, y, *, state: Any = None, batch_size: int | None = None,
+             loss_fn=_losses.cross_entropy, metrics=default_metrics) -> dict[str, float]:
+    """Mean loss (and accuracy, for class-index targets) in eval mode (``train=False``), as
+    Python floats. ``state``: the model's state (running statistics are used, never updated).
 
-    ``loss_fn`` must accept ``reduction="sum"`` (funcnet's losses do).
+    The loss is ``loss_fn(..., reduction="sum")`` over all batches divided by the number of
+    target elements (funcnet's losses take ``reduction``).
     """
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")
+    if model.has_state and state is None:
+        raise ValueError(f"evaluate: {model.name.split('(')[0]} keeps state (e.g. BatchNorm's running "
+                         f"statistics), which eval mode uses: pass state=train_state.model_state")
     n = len(x)
     batch_size = n if batch_size is None else _data.check_batch_size(batch_size, n)
-    total_loss, correct = 0.0, 0
+    totals: dict = {}
+    elements = 0
     for start in range(0, n, batch_size):
-        loss, hits = _eval_batch(model, loss_fn, params, jnp.asarray(x[start:start + batch_size]),
-                                 jnp.asarray(y[start:start + batch_size]))
-        total_loss += loss
-        correct += hits
-    return {"loss": float(total_loss) / n, "accuracy": float(correct) / n}
+        yb = jnp.asarray(y[start:start + batch_size])
+        sums = _eval_batch(model, loss_fn, metrics, params, state, jnp.asarray(x[start:start + batch_size]), yb)
+        totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
+        elements += int(np.prod(yb.shape))
+    return {k: float(v) / elements for k, v in totals.items()}
 
 
-def _check_label_range(model, params, *datasets) -> None:
+def _check_label_range(model, params, model_state, *datasets) -> None:
     # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
     # read a clipped logit. Check once, on the host, against the model's output size.
-    n_classes = jax.eval_shape(lambda p, x: model.apply(p, x), params, jnp.asarray(datasets[0][0][:1])).shape[-1]
+    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x)[0], params, model_state,
+                         jnp.asarray(datasets[0][0][:1]))
+    if not is_classification(out, np.asarray(datasets[0][1][:1])):
+        return
+    n_classes = out.shape[-1]
     for name, ds in zip(("train", "test"), datasets):
         if ds is None or not len(ds[1]):
             continue
@@ -322,7 +409,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
         on_epoch: Callable[[TrainState, dict], None] | None = None, start: Position | None = None,
         every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None,
-        policy: Any = None, loss_scale: Any = None):
+        policy: Any = None, loss_scale: Any = None, metrics: Callable = default_metrics):
     """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
     Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
@@ -344,10 +431,10 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     start = Position() if start is None else start
     x_tr, y_tr = train_data
     batch_size = _data.check_batch_size(batch_size, len(x_tr))
-    step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy)
+    step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy, metrics=metrics)
     if state is None:
         state = create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
-    _check_label_range(model, state.params, train_data, test_data)
+    _check_label_range(model, state.params, state.model_state, train_data, test_data)
     history = []
     columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn()]
@@ -355,20 +442,21 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         task = bar.add_task("", total=epochs, completed=start.epoch)
         for epoch in range(start.epoch, epochs):
             if every_steps is None and start.perm_key is None:
-                state, metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
+                state, epoch_metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
             else:
-                state, metrics = _run_epoch_in_parts(step, state, jnp.asarray(x_tr), jnp.asarray(y_tr),
+                state, epoch_metrics = _run_epoch_in_parts(step, state, jnp.asarray(x_tr), jnp.asarray(y_tr),
                                                      batch_size, start, every_steps, on_steps)
             start = Position(epoch + 1)
-            record = {"epoch": epoch + 1, "step": int(state.step),
-                      "train_loss": float(np.mean(metrics["loss"])),
-                      "train_accuracy": float(np.mean(metrics["accuracy"]))}
-            if "grads_finite" in metrics:
-                record.update(skipped_steps=int(np.sum(~np.asarray(metrics["grads_finite"]))),
+            record = {"epoch": epoch + 1, "step": int(state.step)}
+            record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
+                           if k not in ("loss_scale", "grads_finite")})
+            if "grads_finite" in epoch_metrics:
+                record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
                               loss_scale=float(state.loss_scale.loss_scale))
             if test_data is not None:
-                scores = evaluate(model, state.params, *test_data, loss_fn=loss_fn)
-                record.update(test_loss=scores["loss"], test_accuracy=scores["accuracy"])
+                scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn,
+                                  metrics=metrics)
+                record.update({f"test_{k}": v for k, v in scores.items()})
             history.append(record)
             if on_epoch is not None:
                 on_epoch(state, record)

@@ -1,0 +1,130 @@
+"""The module contract: a layer is data plus pure functions, never an object that mutates.
+
+A ``Module`` is a NamedTuple:
+
+- ``init(key) -> params``: a nested dict of arrays whose names, shapes and layouts are
+  those of the matching torch module, so a torch ``state_dict`` loads with no renaming.
+- ``apply(params, *inputs, key=None, train=False) -> y`` for a module without state, or
+  ``apply(params, *inputs, state, key=None, train=False) -> (y, new_state)`` for one with
+  state. ``train`` plays the part of ``module.train()`` / ``module.eval()``; stochastic
+  layers (Dropout) need ``key`` when ``train=True``. Treat ``train`` as static under jit.
+- ``init_state() -> state`` (None for a module without state): torch's buffers
+  (BatchNorm's ``running_mean``, ``running_var``, ``num_batches_tracked``) as a nested
+  dict shaped like ``params``. State is never differentiated and never seen by an
+  optimizer; it goes in and the new state comes out, nothing is mutated.
+- ``children``: ``((name, Module), ...)`` of containers and composites; ``name``: the
+  torch-style description used in messages and ``repr``.
+
+``call(model, params, state, *inputs, ...) -> (y, state)`` is the one form that works for
+every module, with or without state; the training loop and composites use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Module", "call", "initial_state", "Tied", "check_params", "require_state", "describe"]
+
+Params = Any
+State = Any
+
+
+class Module(NamedTuple):
+    """``init(key) -> params``; ``apply(params, *inputs, [state,] key=None, train=False)``;
+    ``init_state() -> state`` (None: the module has no state). See the module docstring."""
+
+    init: Callable[..., Params]
+    apply: Callable[..., Any]
+    init_state: Callable[[], State] | None = None
+    children: tuple = ()
+    name: str = "Module"
+
+    @property
+    def has_state(self) -> bool:
+        """True when ``apply`` takes ``state=`` and returns ``(y, new_state)``."""
+        return self.init_state is not None
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def initial_state(model: Module) -> State:
+    """``model.init_state()``, or ``{}`` for a module without state."""
+    return {} if model.init_state is None else model.init_state()
+
+
+def call(model: Module, params: Params, state: State, *inputs, key=None, train: bool = False, **kwargs):
+    """``(y, new_state)`` for any module; a module without state returns ``state`` as given."""
+    if model.init_state is None:
+        return model.apply(params, *inputs, key=key, train=train, **kwargs), state
+    return model.apply(params, *inputs, state=state, key=key, train=train, **kwargs)
+
+
+def describe(value) -> str:
+    """A short description of a value for error messages (its type and shape)."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__name__} of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, Mapping):
+        return f"a dict with keys {sorted(map(str, value))[:8]}"
+    return type(value).__name__
+
+
+def check_params(params, expected: Mapping | set | list | tuple, where: str) -> None:
+    """Raise a clear error unless ``params`` is a dict with exactly the ``expected`` keys."""
+    expected = sorted(expected)
+    if not isinstance(params, Mapping):
+        swapped = " (params and input swapped? apply takes params first)" if hasattr(params, "shape") else ""
+        raise TypeError(f"{where}: params must be the nested dict from model.init(key), got "
+                        f"{describe(params)}{swapped}")
+    got = sorted(map(str, params))
+    if got != expected:
+        dotted = [k for k in got if "." in k]
+        hint = (" - this is a flat state_dict; turn it into params with "
+                "funcnet.load_state_dict(model.init(key), sd)") if dotted else \
+            "; pass the params of this model (model.init(key)), not another model's"
+        raise ValueError(f"{where}: params has keys {got}, expected {expected}{hint}")
+
+
+def require_state(state, expected: Callable[[], State], where: str) -> State:
+    """Raise a clear error unless ``state`` has the structure and shapes ``expected()`` would."""
+    if state is None:
+        raise ValueError(
+            f"{where} keeps state (torch's buffers, e.g. running statistics): call "
+            f"apply(params, x, state=state, train=...) with state = model.init_state() (or the state a "
+            f"previous call returned) and take (y, new_state) back")
+    want = jax.eval_shape(expected)
+    if jax.tree.structure(state) != jax.tree.structure(want) or any(
+            jnp.shape(a) != b.shape for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want))):
+        got = {k: jnp.shape(v) for k, v in _flat(state).items()}
+        exp = {k: v.shape for k, v in _flat(want).items()}
+        raise ValueError(f"{where}: the state does not match the model: got {got}, expected {exp}; pass "
+                         f"model.init_state() or a state returned by this model's apply")
+    return state
+
+
+def _flat(tree) -> dict:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {jax.tree_util.keystr(path, simple=True, separator="."): leaf for path, leaf in leaves}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tied:
+    """A parameter that is another parameter (torch: ``lm_head.weight = wte.weight``).
+
+    It sits in the params tree where the tied parameter would be, and holds no array: it
+    is a pytree with no leaves, so gradients, optimizers and checkpoints see the one
+    array it points to, once. ``target`` is the dotted path of that array, relative to
+    the composite ``depth`` levels above this entry; ``state_dict`` lists both keys, as
+    torch does, and ``load_state_dict`` checks they agree.
+    """
+
+    target: str
+    depth: int
+
+
+jax.tree_util.register_static(Tied)
