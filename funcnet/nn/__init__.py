@@ -2,16 +2,22 @@
 
 One file per layer family; the contract (``Module``, state, ``call``) is in
 ``funcnet.nn.module``, composites and containers in ``funcnet.nn.containers``.
+See docs/design.md.
 """
 
-from funcnet.nn.activation import Identity, ReLU, Sigmoid, Tanh
-from funcnet.nn.containers import MLP, Composite, ModuleDict, ModuleList, Parameter, Sequential
-from funcnet.nn.linear import Dropout, Flatten, Linear
-from funcnet.nn.module import Module, Tied, call, initial_state
+from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
+from funcnet.nn import transformer
+from funcnet.nn.activation import *  # noqa: F401,F403
+from funcnet.nn.attention import *  # noqa: F401,F403
+from funcnet.nn.containers import *  # noqa: F401,F403
+from funcnet.nn.conv import *  # noqa: F401,F403
+from funcnet.nn.dropout import *  # noqa: F401,F403
+from funcnet.nn.embedding import *  # noqa: F401,F403
+from funcnet.nn.linear import *  # noqa: F401,F403
+from funcnet.nn.module import *  # noqa: F401,F403
+from funcnet.nn.norm import *  # noqa: F401,F403
+from funcnet.nn.pooling import *  # noqa: F401,F403
+from funcnet.nn.transformer import *  # noqa: F401,F403
 
-__all__ = [
-    "Module", "Tied", "call", "initial_state",
-    "Composite", "Parameter", "Sequential", "ModuleList", "ModuleDict", "MLP",
-    "Linear", "Dropout", "Flatten",
-    "ReLU", "Tanh", "Sigmoid", "Identity",
-]
+__all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
+                               attention, transformer) for name in family.__all__]

@@ -358,7 +358,8 @@ def MLP(sizes: Sequence[int], activation: Callable[[], Module] | None = None, *,
     params ``{"0": ..., "2": ...}``. With ``dropout > 0`` a Dropout follows each activation.
     """
     from funcnet.nn.activation import ReLU
-    from funcnet.nn.linear import Dropout, Linear
+    from funcnet.nn.dropout import Dropout
+    from funcnet.nn.linear import Linear
 
     activation = activation or ReLU
     sizes = list(sizes)
