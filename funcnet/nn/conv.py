@@ -1,3 +1,283 @@
-"""(family file; layers are added here by the layer author's contract in docs/design.md)"""
+"""Convolutions, as torch.nn's: Conv1d/2d/3d and ConvTranspose1d/2d/3d.
 
-__all__: list[str] = []
+Layouts are torch's: activations channels-first ``(N, C, *spatial)`` (or unbatched
+``(C, *spatial)``), weights ``(out, in/groups, *kernel)`` for a convolution and
+``(in, out/groups, *kernel)`` for a transposed one, so a torch ``state_dict`` loads with no
+renaming. The math is one ``jax.lax.conv_general_dilated`` at ``Precision.HIGHEST`` (the
+default precision may run float32 through bfloat16 passes on accelerators, and torch's CPU
+kernels do not). Default init is torch's ``reset_parameters``: weight
+``kaiming_uniform(a=sqrt(5))`` = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias the same bound,
+with ``fan_in = weight.shape[1] * prod(kernel)`` (torch computes it from the weight as
+laid out, so a transposed convolution's fan_in counts ``out/groups``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from funcnet import init as _init
+from funcnet.nn.module import Module
+
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
+
+_SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
+_SHAPES = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
+_PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
+_JNP_PAD_MODE = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
+
+
+def _ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...]:
+    """``value`` (an int or a sequence of ``n`` ints, each >= minimum) as an n-tuple."""
+    values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        values = tuple(values)
+    except TypeError:
+        values = None
+    if (values is None or len(values) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
+        raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
+    return values
+
+
+def _check_channels(value, what: str, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{where}: {what} must be a positive int, got {value!r}")
+    return value
+
+
+def _as_batched(x, n: int, in_channels: int, name: str):
+    """x as ``(N, C, *spatial)`` and whether it came unbatched; checks rank and channels."""
+    x = jnp.asarray(x)
+    if x.ndim not in (n + 1, n + 2):
+        raise ValueError(
+            f"{name}: expected a {n + 1}D (unbatched) input {_SHAPES[n].replace('N, ', '')} or a {n + 2}D "
+            f"(batched) input {_SHAPES[n]}, got shape {tuple(x.shape)}; reshape the input to {_SHAPES[n]}")
+    unbatched = x.ndim == n + 1
+    if unbatched:
+        x = x[None]
+    if x.shape[1] != in_channels:
+        axis = 0 if unbatched else 1
+        raise ValueError(
+            f"{name}: input of shape {tuple(x.shape[1:] if unbatched else x.shape)} has {x.shape[1]} channels "
+            f"in axis {axis}, expected in_channels={in_channels}; the layout is channels-first {_SHAPES[n]} as "
+            f"torch's (a channels-last batch needs jnp.moveaxis(x, -1, 1))")
+    return x, unbatched
+
+
+def _repr(cls: str, in_channels, out_channels, kernel, stride, padding, dilation, output_padding, groups, bias,
+          padding_mode) -> str:
+    # torch's _ConvNd.extra_repr: defaults are left out, tuples shown as tuples
+    s = f"{cls}({in_channels}, {out_channels}, kernel_size={kernel}, stride={stride}"
+    if padding != (0,) * len(kernel):
+        s += f", padding={padding}"
+    if dilation != (1,) * len(kernel):
+        s += f", dilation={dilation}"
+    if output_padding != (0,) * len(kernel):
+        s += f", output_padding={output_padding}"
+    if groups != 1:
+        s += f", groups={groups}"
+    if not bias:
+        s += ", bias=False"
+    if padding_mode != "zeros":
+        s += f", padding_mode={padding_mode}"
+    return s + ")"
+
+
+def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, stride, padding, output_padding,
+           groups, bias, dilation, padding_mode, dtype, weight_init, bias_init) -> Module:
+    cls = f"Conv{'Transpose' if transposed else ''}{n}d"
+    in_channels = _check_channels(in_channels, "in_channels", cls)
+    out_channels = _check_channels(out_channels, "out_channels", cls)
+    groups = _check_channels(groups, "groups", cls)
+    kernel = _ntuple(kernel_size, n, "kernel_size", cls, 1)
+    stride = _ntuple(stride, n, "stride", cls, 1)
+    dilation = _ntuple(dilation, n, "dilation", cls, 1)
+    for what, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if channels % groups:
+            raise ValueError(f"{cls}: {what}={channels} is not divisible by groups={groups}; each group "
+                             f"needs {what}/groups channels, choose groups among the common divisors of "
+                             f"in_channels and out_channels")
+    if padding_mode not in _PADDING_MODES:
+        raise ValueError(f"{cls}: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
+    if transposed and padding_mode != "zeros":
+        raise ValueError(f"{cls}: only padding_mode='zeros' is supported (as in torch), got {padding_mode!r}")
+    if isinstance(padding, str):
+        if transposed or padding not in ("same", "valid"):
+            allowed = "an int or a tuple of ints" if transposed else "'same', 'valid', an int or a tuple of ints"
+            raise ValueError(f"{cls}: padding must be {allowed}, got {padding!r}")
+        if padding == "same" and stride != (1,) * n:
+            raise ValueError(f"{cls}: padding='same' needs stride=1 (as in torch), got stride={stride}; pad "
+                             f"explicitly, e.g. padding={tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))}")
+        shown_padding = padding
+        # torch's 'same': total d*(k-1), the odd extra element on the right/bottom
+        pads = tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) if padding == "same" else (0, 0)
+                     for d, k in zip(dilation, kernel))
+    else:
+        shown_padding = _ntuple(padding, n, "padding", cls, 0)
+        pads = tuple((p, p) for p in shown_padding)
+    out_pad = _ntuple(output_padding, n, "output_padding", cls, 0) if transposed else (0,) * n
+    for op, s, d in zip(out_pad, stride, dilation):
+        if op >= s and op >= d:
+            raise ValueError(f"{cls}: output_padding={out_pad} must be smaller than either stride={stride} or "
+                             f"dilation={dilation} in each dimension (as in torch)")
+    dtype = jnp.float32 if dtype is None else dtype
+    if transposed:
+        weight_shape = (in_channels, out_channels // groups, *kernel)
+    else:
+        weight_shape = (out_channels, in_channels // groups, *kernel)
+    fan_in = weight_shape[1] * math.prod(kernel)
+    name = _repr(cls, in_channels, out_channels, kernel, stride, shown_padding, dilation, out_pad, groups, bias,
+                 padding_mode)
+    spatial = _SPATIAL[n]
+    dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+
+    def init_fn(key):
+        wkey, bkey = jax.random.split(key)
+        params = {"weight": weight_init(wkey, weight_shape, dtype)}
+        if bias:
+            params["bias"] = (_init.linear_bias(bkey, (out_channels,), dtype, fan_in=fan_in) if bias_init is None
+                              else bias_init(bkey, (out_channels,), dtype))
+        return params
+
+    def apply(params, x, *, key=None, train=False):
+        del key, train
+        x, unbatched = _as_batched(x, n, in_channels, name)
+        w = params["weight"]
+        dt = jnp.result_type(x, w)
+        x, w = x.astype(dt), w.astype(dt)
+        sizes = x.shape[2:]
+        if transposed:
+            # The gradient of a strided convolution: dilate the input by stride, pad each side by
+            # d*(k-1) - padding (+ output_padding after), and convolve with the kernel flipped and
+            # its in/out axes swapped within each group.
+            w = w.reshape(groups, in_channels // groups, out_channels // groups, *kernel)
+            w = jnp.swapaxes(w, 1, 2).reshape(out_channels, in_channels // groups, *kernel)
+            w = jnp.flip(w, axis=tuple(range(2, n + 2)))
+            conv_pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
+                         for d, k, (p, _), op in zip(dilation, kernel, pads, out_pad)]
+            out = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, out_pad))
+            if min(out) < 1:
+                raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}; "
+                                 f"padding={shown_padding} crops more than the output has, lower it")
+            y = jax.lax.conv_general_dilated(
+                x, w, window_strides=(1,) * n, padding=conv_pads, lhs_dilation=stride, rhs_dilation=dilation,
+                dimension_numbers=dimension_numbers, feature_group_count=groups,
+                precision=jax.lax.Precision.HIGHEST)
+        else:
+            conv_pads = list(pads)
+            if padding_mode != "zeros" and any(lo or hi for lo, hi in pads):
+                for size, (lo, hi) in zip(sizes, pads):
+                    limit = size if padding_mode == "circular" else size - 1
+                    if padding_mode != "replicate" and max(lo, hi) > limit:
+                        raise ValueError(
+                            f"{name}: padding {(lo, hi)} is too large for padding_mode={padding_mode!r} on an "
+                            f"input of spatial size {tuple(sizes)}: it must be at most {limit} in that dimension")
+                x = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=_JNP_PAD_MODE[padding_mode])
+                conv_pads = [(0, 0)] * n
+            padded = tuple(s + lo + hi for s, (lo, hi) in zip(sizes, conv_pads))
+            span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
+            if any(p < k for p, k in zip(padded, span)):
+                raise ValueError(
+                    f"{name}: padded input size per channel {padded} is smaller than the (dilated) kernel size "
+                    f"{span}; the kernel can't be greater than the input: use a larger input, more padding "
+                    f"or padding='same'")
+            y = jax.lax.conv_general_dilated(
+                x, w, window_strides=stride, padding=conv_pads, rhs_dilation=dilation,
+                dimension_numbers=dimension_numbers, feature_group_count=groups,
+                precision=jax.lax.Precision.HIGHEST)
+        if "bias" in params:
+            y = y + params["bias"].astype(dt).reshape((-1,) + (1,) * n)
+        return y[0] if unbatched else y
+
+    return Module(init_fn, apply, name=name)
+
+
+def Conv1d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+           bias: bool = True, padding_mode: str = "zeros", *, dtype=None, weight_init: Callable = _init.linear_weight,
+           bias_init: Callable | None = None) -> Module:
+    """1D convolution (cross-correlation), as torch.nn.Conv1d.
+
+    params: ``{"weight": (out, in/groups, k), "bias": (out,)}``; x: ``(N, C_in, L)`` or
+    ``(C_in, L)`` -> ``(N, C_out, L_out)``. See ``Conv2d`` for the arguments.
+    """
+    return _build(1, False, in_channels, out_channels, kernel_size, stride, padding, 0, groups, bias, dilation,
+                  padding_mode, dtype, weight_init, bias_init)
+
+
+def Conv2d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+           bias: bool = True, padding_mode: str = "zeros", *, dtype=None, weight_init: Callable = _init.linear_weight,
+           bias_init: Callable | None = None) -> Module:
+    """2D convolution (cross-correlation), as torch.nn.Conv2d.
+
+    params: ``{"weight": (out, in/groups, kH, kW), "bias": (out,)}``; x: ``(N, C_in, H, W)`` or
+    ``(C_in, H, W)`` -> ``(N, C_out, H_out, W_out)`` with
+    ``H_out = (H + 2*padding - dilation*(kH-1) - 1) // stride + 1``.
+
+    ``kernel_size``, ``stride``, ``padding``, ``dilation``: an int or a tuple per spatial axis;
+    ``padding`` may also be ``"valid"`` (none) or ``"same"`` (output size = input size, stride 1
+    only; an odd total goes to the right/bottom, as torch). ``padding_mode``: ``"zeros"``,
+    ``"reflect"``, ``"replicate"`` or ``"circular"``. ``groups``: ``in_channels`` and
+    ``out_channels`` split into that many independent convolutions (``groups=in_channels`` is
+    depthwise). ``dtype``: of the params (default float32). ``weight_init``/``bias_init``
+    replace torch's default init (``init(key, shape, dtype)``).
+    """
+    return _build(2, False, in_channels, out_channels, kernel_size, stride, padding, 0, groups, bias, dilation,
+                  padding_mode, dtype, weight_init, bias_init)
+
+
+def Conv3d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1, groups: int = 1,
+           bias: bool = True, padding_mode: str = "zeros", *, dtype=None, weight_init: Callable = _init.linear_weight,
+           bias_init: Callable | None = None) -> Module:
+    """3D convolution (cross-correlation), as torch.nn.Conv3d.
+
+    params: ``{"weight": (out, in/groups, kD, kH, kW), "bias": (out,)}``; x: ``(N, C_in, D, H, W)``
+    or ``(C_in, D, H, W)``. See ``Conv2d`` for the arguments.
+    """
+    return _build(3, False, in_channels, out_channels, kernel_size, stride, padding, 0, groups, bias, dilation,
+                  padding_mode, dtype, weight_init, bias_init)
+
+
+def ConvTranspose1d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                    groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", *, dtype=None,
+                    weight_init: Callable = _init.linear_weight, bias_init: Callable | None = None) -> Module:
+    """1D transposed convolution, as torch.nn.ConvTranspose1d.
+
+    params: ``{"weight": (in, out/groups, k), "bias": (out,)}``; x: ``(N, C_in, L)`` or
+    ``(C_in, L)``. See ``ConvTranspose2d`` for the arguments.
+    """
+    return _build(1, True, in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
+                  dilation, padding_mode, dtype, weight_init, bias_init)
+
+
+def ConvTranspose2d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                    groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", *, dtype=None,
+                    weight_init: Callable = _init.linear_weight, bias_init: Callable | None = None) -> Module:
+    """2D transposed convolution (the gradient of Conv2d with respect to its input), as
+    torch.nn.ConvTranspose2d.
+
+    params: ``{"weight": (in, out/groups, kH, kW), "bias": (out,)}`` (torch's layout: in first);
+    x: ``(N, C_in, H, W)`` or ``(C_in, H, W)`` -> ``(N, C_out, H_out, W_out)`` with
+    ``H_out = (H-1)*stride - 2*padding + dilation*(kH-1) + output_padding + 1``.
+    ``output_padding`` (smaller than stride or dilation) adds rows/columns at the bottom/right
+    to pick one of the input sizes a strided Conv2d maps to the same size. Only
+    ``padding_mode="zeros"``, as torch; torch's ``forward(x, output_size=...)`` is not offered
+    (pass the matching ``output_padding``).
+    """
+    return _build(2, True, in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
+                  dilation, padding_mode, dtype, weight_init, bias_init)
+
+
+def ConvTranspose3d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                    groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", *, dtype=None,
+                    weight_init: Callable = _init.linear_weight, bias_init: Callable | None = None) -> Module:
+    """3D transposed convolution, as torch.nn.ConvTranspose3d.
+
+    params: ``{"weight": (in, out/groups, kD, kH, kW), "bias": (out,)}``. See ``ConvTranspose2d``.
+    """
+    return _build(3, True, in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
+                  dilation, padding_mode, dtype, weight_init, bias_init)
