@@ -1,3 +1,240 @@
-"""(family file; layers are added here by the layer author's contract in docs/design.md)"""
+"""Pooling, as torch.nn's: MaxPool1d/2d, AvgPool1d/2d, AdaptiveAvgPool1d/2d. No params, no state.
 
-__all__: list[str] = []
+Inputs are channels-first, batched ``(N, C, *spatial)`` or unbatched ``(C, *spatial)``; the
+window slides over the trailing spatial axes only. Output sizes follow torch's
+``pooling_output_shape``: ``(L + 2*padding - dilation*(k-1) - 1) / stride + 1`` rounded down,
+or up with ``ceil_mode=True``, where a last window that would start in the right padding is
+dropped. Max and sum windows are one ``jax.lax.reduce_window``; the divisors of AvgPool and
+the bins of AdaptiveAvgPool depend only on shapes and are computed with numpy at trace time.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet.nn.activation import _no_params
+from funcnet.nn.module import Module
+
+__all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d"]
+
+_SHAPES = {1: ("(C, L)", "(N, C, L)"), 2: ("(C, H, W)", "(N, C, H, W)")}
+
+
+def _ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...]:
+    values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        values = tuple(values)
+    except TypeError:
+        values = None
+    if (values is None or len(values) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
+        raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
+    return values
+
+
+def _check_input(x, n: int, name: str):
+    x = jnp.asarray(x)
+    if x.ndim not in (n + 1, n + 2) or x.size == 0:
+        unbatched, batched = _SHAPES[n]
+        raise ValueError(f"{name}: expected a non-empty {n + 1}D (unbatched) input {unbatched} or {n + 2}D "
+                         f"(batched) input {batched}, got shape {tuple(x.shape)}; reshape the input to {batched}")
+    return x
+
+
+def _output_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """torch's pooling_output_shape for one axis."""
+    span = d * (k - 1) + 1
+    out = (size + 2 * p - span + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1  # the last window would start in the right padding: torch drops it
+    return out
+
+
+def _check_padding(kernel, padding, dilation, name):
+    for k, p, d in zip(kernel, padding, dilation):
+        if p > (d * (k - 1) + 1) // 2:
+            raise ValueError(f"{name}: padding={p} is more than half the (dilated) kernel size {d * (k - 1) + 1} "
+                             f"(torch refuses it: a window could hold only padding); lower the padding")
+
+
+def _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name, init, op):
+    """reduce_window of ``op`` over the last ``n`` axes, padded with ``init``, torch's output size."""
+    sizes = x.shape[-n:]
+    out = tuple(_output_size(L, k, s, p, d, ceil_mode)
+                for L, k, s, p, d in zip(sizes, kernel, stride, padding, dilation))
+    if min(out) < 1:
+        raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}, too small; use a "
+                         f"larger input or a smaller kernel_size")
+    # pad right far enough for the last (ceil_mode) window, then cut to torch's size
+    pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - L - p, p))
+            for L, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, out)]
+    lead = x.ndim - n
+    y = jax.lax.reduce_window(x, init, op, (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride),
+                              [(0, 0)] * lead + pads, window_dilation=(1,) * lead + tuple(dilation))
+    return y[(...,) + tuple(slice(0, o) for o in out)], out
+
+
+def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ceil_mode) -> Module:
+    shown_stride = kernel_size if stride is None else stride
+    name = (f"{cls}(kernel_size={kernel_size}, stride={shown_stride}, padding={padding}, dilation={dilation}, "
+            f"ceil_mode={ceil_mode})")
+    kernel = _ntuple(kernel_size, n, "kernel_size", cls, 1)
+    stride = _ntuple(shown_stride, n, "stride", cls, 1)
+    padding = _ntuple(padding, n, "padding", cls, 0)
+    dilation = _ntuple(dilation, n, "dilation", cls, 1)
+    if return_indices:
+        raise ValueError(f"{cls}: return_indices=True is not supported (the indices serve MaxUnpool, which "
+                         f"funcnet does not have); use return_indices=False")
+    _check_padding(kernel, padding, dilation, name)
+
+    def apply(params, x, *, key=None, train=False):
+        del params, key, train
+        x = _check_input(x, n, name)
+        lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+        y, _ = _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name,
+                        jnp.array(lowest, x.dtype), jax.lax.max)
+        return y
+
+    return Module(_no_params, apply, name=name)
+
+
+def MaxPool1d(kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
+              ceil_mode: bool = False) -> Module:
+    """Max over windows of the last axis, as torch.nn.MaxPool1d: ``(N, C, L)`` or ``(C, L)``.
+    See ``MaxPool2d``."""
+    return _max_pool(1, "MaxPool1d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
+
+
+def MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices: bool = False,
+              ceil_mode: bool = False) -> Module:
+    """Max over ``kernel_size`` windows of the last two axes, as torch.nn.MaxPool2d.
+
+    x: ``(N, C, H, W)`` or ``(C, H, W)`` -> ``(N, C, H_out, W_out)``, ``H_out =
+    floor_or_ceil((H + 2*padding - dilation*(kH-1) - 1) / stride) + 1``. ``stride`` defaults to
+    ``kernel_size``; padding (at most half the dilated kernel) is -inf, so it never wins.
+    The gradient goes to the maximum of each window (the first one on ties), as torch's.
+    ``return_indices=True`` is refused.
+    """
+    return _max_pool(2, "MaxPool2d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
+
+
+def _divisors(size, k, s, p, out, count_include_pad) -> np.ndarray:
+    """torch's avg_pool divisor along one axis: the window clipped to the padded input
+    (count_include_pad) or to the input."""
+    start = np.arange(out) * s - p
+    end = np.minimum(start + k, size + p)
+    if count_include_pad:
+        return end - start
+    return np.minimum(end, size) - np.maximum(start, 0)
+
+
+def _avg_pool(n, cls, name, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    kernel = _ntuple(kernel_size, n, "kernel_size", cls, 1)
+    stride = _ntuple(kernel_size if stride is None else stride, n, "stride", cls, 1)
+    padding = _ntuple(padding, n, "padding", cls, 0)
+    if divisor_override is not None and (not isinstance(divisor_override, int) or isinstance(divisor_override, bool)
+                                         or divisor_override == 0):
+        raise ValueError(f"{cls}: divisor_override must be None or a non-zero int, got {divisor_override!r}")
+    _check_padding(kernel, padding, (1,) * n, name)
+
+    def apply(params, x, *, key=None, train=False):
+        del params, key, train
+        x = _check_input(x, n, name)
+        total, out = _windows(x, n, kernel, stride, padding, (1,) * n, ceil_mode, name,
+                              jnp.array(0, x.dtype), jax.lax.add)
+        if divisor_override is not None:
+            return total / jnp.asarray(divisor_override, x.dtype)
+        divisor = np.ones((), np.int64)
+        for L, k, s, p, o in zip(x.shape[-n:], kernel, stride, padding, out):
+            divisor = np.multiply.outer(divisor, _divisors(L, k, s, p, o, count_include_pad))
+        return total / jnp.asarray(divisor, x.dtype)
+
+    return Module(_no_params, apply, name=name)
+
+
+def AvgPool1d(kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+              count_include_pad: bool = True) -> Module:
+    """Mean over windows of the last axis, as torch.nn.AvgPool1d: ``(N, C, L)`` or ``(C, L)``.
+    See ``AvgPool2d``."""
+    shown = [_ntuple(v, 1, what, "AvgPool1d", 0) for v, what in
+             ((kernel_size, "kernel_size"), (kernel_size if stride is None else stride, "stride"),
+              (padding, "padding"))]
+    name = f"AvgPool1d(kernel_size={shown[0]}, stride={shown[1]}, padding={shown[2]})"
+    return _avg_pool(1, "AvgPool1d", name, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+def AvgPool2d(kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+              divisor_override: int | None = None) -> Module:
+    """Mean over ``kernel_size`` windows of the last two axes, as torch.nn.AvgPool2d.
+
+    x: ``(N, C, H, W)`` or ``(C, H, W)``; output size as ``MaxPool2d`` with dilation 1.
+    Each window sum is divided by, as torch: ``divisor_override`` if given; else the window's
+    size clipped to the zero-padded input (``count_include_pad=True``, so a ``ceil_mode`` window
+    hanging past the padding counts only what it covers); else the number of real input
+    elements it covers (``count_include_pad=False``).
+    """
+    name = f"AvgPool2d(kernel_size={kernel_size}, stride={kernel_size if stride is None else stride}, " \
+           f"padding={padding})"
+    return _avg_pool(2, "AvgPool2d", name, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def _bins(size: int, out: int) -> np.ndarray:
+    """``(out, size)`` 0/1 matrix of torch's adaptive bins: [floor(i*size/out), ceil((i+1)*size/out))."""
+    i = np.arange(out)
+    start = (i * size) // out
+    end = -((-(i + 1) * size) // out)
+    j = np.arange(size)
+    return ((j >= start[:, None]) & (j < end[:, None])).astype(np.int64)
+
+
+def _adaptive_avg_pool(n, cls, output_size) -> Module:
+    name = f"{cls}(output_size={output_size})"
+    sizes = (output_size,) * n if output_size is None or isinstance(output_size, int) else output_size
+    try:
+        sizes = tuple(sizes)
+    except TypeError:
+        sizes = None
+    if (sizes is None or len(sizes) != n
+            or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s > 0) for s in sizes)):
+        raise ValueError(f"{cls}: output_size must be a positive int, None (keep the input size) or a tuple of "
+                         f"{n} of those, got {output_size!r}")
+
+    def apply(params, x, *, key=None, train=False):
+        del params, key, train
+        x = _check_input(x, n, name)
+        out = tuple(L if o is None else o for L, o in zip(x.shape[-n:], sizes))
+        # Bins overlap and differ in size when out does not divide L, so a reshape-mean would
+        # be wrong there: sum each axis through its 0/1 bin matrix, then divide by the bin sizes.
+        y, counts = x, np.ones((), np.int64)
+        for L, o in zip(x.shape[-n:], out):
+            m = _bins(L, o)
+            # contracting the first spatial axis appends the pooled one last: after n steps
+            # the axes are back in order
+            y = jnp.tensordot(y, jnp.asarray(m.T, x.dtype), axes=([y.ndim - n], [0]),
+                              precision=jax.lax.Precision.HIGHEST)
+            counts = np.multiply.outer(counts, m.sum(axis=1))
+        return y / jnp.asarray(counts, x.dtype)
+
+    return Module(_no_params, apply, name=name)
+
+
+def AdaptiveAvgPool1d(output_size) -> Module:
+    """Mean over torch's adaptive bins of the last axis, as torch.nn.AdaptiveAvgPool1d:
+    ``(N, C, L)`` or ``(C, L)`` -> ``(..., output_size)``. See ``AdaptiveAvgPool2d``."""
+    return _adaptive_avg_pool(1, "AdaptiveAvgPool1d", output_size)
+
+
+def AdaptiveAvgPool2d(output_size) -> Module:
+    """Mean over bins that split H and W into ``output_size``, as torch.nn.AdaptiveAvgPool2d.
+
+    x: ``(N, C, H, W)`` or ``(C, H, W)`` -> ``(..., oH, oW)``. ``output_size``: an int, a tuple,
+    ``None`` entries keep that input size. Output ``i`` averages inputs
+    ``floor(i*H/oH) .. ceil((i+1)*H/oH) - 1``, torch's bins, so sizes that do not divide match
+    torch too (bins then overlap). Each axis is one product with a 0/1 bin matrix, O(H*W*(oH + oW))
+    per channel: fine for the usual small outputs (``AdaptiveAvgPool2d(1)``, 7x7 heads).
+    """
+    return _adaptive_avg_pool(2, "AdaptiveAvgPool2d", output_size)
+
