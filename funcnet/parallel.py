@@ -36,8 +36,8 @@ from funcnet import losses as _losses
 from funcnet import train as _train
 
 __all__ = ["KINDS", "simulate_cpu_devices", "data_mesh", "replicate", "unreplicate", "shard",
-           "make_shard_map_step", "make_sharded_step", "DataParallel", "data_parallel", "run_epoch",
-           "fit", "Cluster", "initialize", "process_slice"]
+           "make_shard_map_step", "make_sharded_step", "DataParallel", "data_parallel", "check_batch_size",
+           "steps_between", "run_epoch", "fit", "Cluster", "initialize", "process_slice"]
 
 KINDS = ("pmap", "shard_map", "sharding")
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -170,9 +170,15 @@ def make_shard_map_step(model, tx, loss_fn, mesh: Mesh, *, accum_steps: int = 1,
 
     The state is replicated over ``mesh`` (``P()``), the batch split over its axis; each
     device differentiates its block and ``lax.pmean`` averages the gradients (DDP's
-    all-reduce). The state is donated. ``step.raw`` is the unjitted function.
+    all-reduce). The model's state stays replicated: device 0's buffers are kept after each
+    step (torch DDP's ``broadcast_buffers=True``), or statistics are global with
+    ``nn.SyncBatchNorm``. The state is donated. ``step.raw`` is the unjitted function.
     """
     axis = _axis(mesh)
+    if step_options.get("buffers") == "local":
+        raise ValueError("buffers='local' keeps one model state per device, which a replicated state under "
+                         "shard_map cannot hold; use kind='pmap' (its state has a device axis) or "
+                         "buffers='broadcast'")
     per_device = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name=axis,
                                   donate=False, **step_options).raw
     mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
@@ -187,9 +193,12 @@ def make_sharded_step(model, tx, loss_fn, mesh: Mesh, *, accum_steps: int = 1, d
 
     No collective is written: the batch is constrained to be split over the mesh axis and
     the state to be replicated, and XLA's partitioner inserts the all-reduce of the
-    gradients. The state is donated. ``step.raw`` can be scanned (``run_epoch``).
+    gradients. The code sees the global batch, so BatchNorm statistics are those of the
+    global batch (torch's ``SyncBatchNorm``) and ``buffers`` does not apply. The state is
+    donated. ``step.raw`` can be scanned (``run_epoch``).
     """
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(_axis(mesh)))
+    step_options.pop("buffers", None)
     global_step = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, donate=False,
                                    **step_options).raw
 
@@ -221,11 +230,13 @@ class DataParallel(NamedTuple):
 
 
 def data_parallel(model, tx, loss_fn=_losses.cross_entropy, *, kind: str = "shard_map",
-                  devices: int | None = None, accum_steps: int = 1, donate: bool = True) -> DataParallel:
+                  devices: int | None = None, accum_steps: int = 1, donate: bool = True,
+                  **step_options) -> DataParallel:
     """A ``DataParallel`` of ``kind`` (``"pmap"``, ``"shard_map"`` or ``"sharding"``).
 
     ``devices``: how many devices (default: all). ``"pmap"`` counts the devices of this
-    process; the mesh forms count all processes' devices.
+    process; the mesh forms count all processes' devices. ``step_options`` go to
+    ``train.make_step`` (``policy``, ``metrics``, ``buffers``).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown data-parallel kind {kind!r}; expected one of {', '.join(KINDS)}")
@@ -235,7 +246,8 @@ def data_parallel(model, tx, loss_fn=_losses.cross_entropy, *, kind: str = "shar
         if jax.process_count() > 1 and len(local) != jax.local_device_count():
             raise ValueError(f"pmap over several processes uses every local device ({jax.local_device_count()}),"
                              f" got devices={devices}; leave devices out or use kind='shard_map'")
-        step = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name="data", donate=donate)
+        step = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name="data", donate=donate,
+                                **step_options)
 
         def put_batch(batch):
             _check_divides(_batch_size(batch), n, "devices")
@@ -246,7 +258,7 @@ def data_parallel(model, tx, loss_fn=_losses.cross_entropy, *, kind: str = "shar
     mesh = data_mesh(devices)
     n = mesh.devices.size
     make = make_shard_map_step if kind == "shard_map" else make_sharded_step
-    step = make(model, tx, loss_fn, mesh, accum_steps=accum_steps, donate=donate)
+    step = make(model, tx, loss_fn, mesh, accum_steps=accum_steps, donate=donate, **step_options)
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(_axis(mesh)))
 
     def put_batch(batch):
@@ -276,19 +288,17 @@ def _put_replicated(tree, sharding: NamedSharding):
     return jax.tree.map(one, tree)
 
 
-def run_epoch(dp: DataParallel, state, x, y, *, batch_size: int):
-    """One shuffled epoch of ``dp.step``; ``(state, metrics)``, metrics of shape ``(steps,)``.
-
-    ``state`` is placed (``dp.put_state``). The shuffle and the keys follow
-    ``train.run_epoch`` exactly, so a run equals the single-device run of the same seed.
-    """
-    batch_size = _data.check_batch_size(batch_size, len(x))
+def check_batch_size(batch_size: int, dp: DataParallel) -> None:
+    """Raise a clear error unless ``batch_size`` splits evenly over ``dp``'s devices."""
     _check_divides(batch_size, dp.n_devices, "devices")
-    key, perm_key = jax.random.split(dp.get(state.key))
-    state = state._replace(key=dp.put_state(key))
+
+
+def steps_between(dp: DataParallel, state, indices, lo: int, hi: int, *, x, y):
+    """Steps ``lo..hi-1`` of an epoch whose batches are ``x[indices[i]]``; ``(state, metrics)``
+    with per-step metrics as host arrays. ``state`` is placed (``dp.put_state``)."""
     history = []
-    for batch in _data.batches(perm_key, x, y, batch_size):
-        state, metrics = dp.step(state, dp.put_batch(batch))
+    for i in range(lo, hi):
+        state, metrics = dp.step(state, dp.put_batch((x[indices[i]], y[indices[i]])))
         if history:
             # At most two steps in flight: the host stays a step ahead, and XLA's CPU runtime
             # can deadlock in the all-reduce with a few dozen collective steps queued on
@@ -298,31 +308,30 @@ def run_epoch(dp: DataParallel, state, x, y, *, batch_size: int):
     return state, jax.tree.map(lambda *m: np.asarray(jnp.stack(m)), *history)
 
 
-def fit(model, tx, train_data, test_data=None, *, epochs: int, batch_size: int, key: jax.Array,
-        kind: str = "shard_map", devices: int | None = None, loss_fn=_losses.cross_entropy,
-        accum_steps: int = 1, on_epoch: Callable[[Any, dict], None] | None = None):
-    """``train.fit`` on several devices: ``(state, history)``, ``state`` as one local copy.
+def run_epoch(dp: DataParallel, state, x, y, *, batch_size: int):
+    """One shuffled epoch of ``dp.step``; ``(state, metrics)``, metrics of shape ``(steps,)``.
 
-    Same seed, same data: the same result as ``train.fit`` (up to float summation order).
+    ``state`` is placed (``dp.put_state``). The shuffle and the keys follow
+    ``train.run_epoch`` exactly, so a run equals the single-device run of the same seed.
     """
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-    dp = data_parallel(model, tx, loss_fn, kind=kind, devices=devices, accum_steps=accum_steps)
-    x_tr, y_tr = train_data
-    state = dp.put_state(_train.create_train_state(model, tx, key))
-    history = []
-    for epoch in range(epochs):
-        state, metrics = run_epoch(dp, state, x_tr, y_tr, batch_size=batch_size)
-        record = {"epoch": epoch + 1, "step": int(dp.get(state.step)),
-                  "train_loss": float(np.mean(metrics["loss"])),
-                  "train_accuracy": float(np.mean(metrics["accuracy"]))}
-        if test_data is not None:
-            scores = _train.evaluate(model, dp.get(state.params), *test_data, loss_fn=loss_fn)
-            record.update(test_loss=scores["loss"], test_accuracy=scores["accuracy"])
-        history.append(record)
-        if on_epoch is not None:
-            on_epoch(state, record)
-    return dp.get(state), history
+    batch_size = _data.check_batch_size(batch_size, len(x))
+    check_batch_size(batch_size, dp)
+    key, perm_key = jax.random.split(dp.get(state.key))
+    state = state._replace(key=dp.put_state(key))
+    indices = np.asarray(_data.epoch_indices(perm_key, len(x), batch_size))
+    return steps_between(dp, state, indices, 0, len(indices), x=np.asarray(x), y=np.asarray(y))
+
+
+def fit(model, tx, train_data, test_data=None, *, epochs: int, batch_size: int, key: jax.Array,
+        kind: str = "shard_map", devices: int | None = None, **fit_options):
+    """``train.fit`` on several devices: ``train.fit(..., parallel=kind, devices=devices)``.
+
+    Same seed, same data: the same result as one device (up to float summation order),
+    with every option of ``train.fit`` (policy, loss scale, checkpoint callbacks, resume).
+    """
+    fit_options.setdefault("progress", False)
+    return _train.fit(model, tx, train_data, test_data, epochs=epochs, batch_size=batch_size, key=key,
+                      parallel=kind, devices=devices, **fit_options)
 
 
 class Cluster(NamedTuple):

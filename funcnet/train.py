@@ -299,15 +299,18 @@ def _steps_between(step_fn, state, x, y, indices, lo, hi):
     return jax.lax.fori_loop(lo, hi, body, (state, rows))
 
 
-def _run_epoch_in_parts(step, state, x, y, batch_size, start: Position, every_steps, on_steps):
+def _run_epoch_in_parts(run_steps, state, n_examples, batch_size, start: Position, every_steps, on_steps,
+                        get=lambda t: t, put=lambda t: t):
     # The same batches and keys as run_epoch, run in stretches that end on multiples of
     # every_steps, so on_steps can checkpoint mid-epoch and a resumed run can finish the epoch.
+    # run_steps(state, indices, lo, hi) -> (state, per-step metrics of steps lo..hi-1); get/put
+    # move a placed (data-parallel) state's leaves to and from one local copy.
     if start.perm_key is None:
-        key, perm_key = jax.random.split(state.key)
-        state, parts = state._replace(key=key), []
+        key, perm_key = jax.random.split(get(state.key))
+        state, parts = state._replace(key=put(key)), []
     else:
         perm_key, parts = start.perm_key, [start.metrics]
-    indices = _data.epoch_indices(perm_key, x.shape[0], batch_size)
+    indices = _data.epoch_indices(perm_key, n_examples, batch_size)
     done = sum(len(p["loss"]) for p in parts)
     if done > len(indices):
         raise ValueError(f"fit: start.metrics holds {done} steps but an epoch has {len(indices)}; "
@@ -315,14 +318,22 @@ def _run_epoch_in_parts(step, state, x, y, batch_size, start: Position, every_st
     while done < len(indices):
         stop = len(indices)
         if every_steps:
-            stop = min(stop, done + every_steps - int(state.step) % every_steps)
-        state, rows = _steps_between(step.raw, state, x, y, indices, done, stop)
-        parts.append(jax.tree.map(lambda r: np.asarray(r)[done:stop], rows))
+            stop = min(stop, done + every_steps - int(get(state.step)) % every_steps)
+        state, rows = run_steps(state, indices, done, stop)
+        parts.append(rows)
         done = stop
-        if on_steps is not None and done < len(indices) and int(state.step) % every_steps == 0:
-            on_steps(state, Position(start.epoch, perm_key, _concat(parts)))
+        if on_steps is not None and done < len(indices) and int(get(state.step)) % every_steps == 0:
+            on_steps(get(state), Position(start.epoch, perm_key, _concat(parts)))
     # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
     return state, jax.tree.map(jnp.asarray, _concat(parts))
+
+
+def _local_steps(step_fn, x, y):
+    def run_steps(state, indices, lo, hi):
+        state, rows = _steps_between(step_fn, state, x, y, indices, lo, hi)
+        return state, jax.tree.map(lambda r: np.asarray(r)[lo:hi], rows)
+
+    return run_steps
 
 
 def _concat(parts):
@@ -409,7 +420,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
         on_epoch: Callable[[TrainState, dict], None] | None = None, start: Position | None = None,
         every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None,
-        policy: Any = None, loss_scale: Any = None, metrics: Callable = default_metrics):
+        policy: Any = None, loss_scale: Any = None, metrics: Callable = default_metrics,
+        devices: int | None = None, parallel: str | None = None, buffers: str = "broadcast"):
     """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
     Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
@@ -420,6 +432,12 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     .. epochs`` then run exactly as in an uninterrupted run. ``policy`` and ``loss_scale``
     (the initial loss-scale state of a new run) are ``make_step``'s and ``create_train_state``'s;
     with a loss scale each record also gives ``skipped_steps`` and the last ``loss_scale``.
+
+    ``devices=N`` and/or ``parallel="pmap" | "shard_map" | "sharding"`` train data-parallel
+    (``funcnet.parallel.data_parallel``; ``buffers`` says what happens to the model's state,
+    see ``make_step``) with everything above unchanged: the same batches and keys, so the
+    same result as one device up to float summation order; callbacks and the returned state
+    see one local copy.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -431,37 +449,52 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     start = Position() if start is None else start
     x_tr, y_tr = train_data
     batch_size = _data.check_batch_size(batch_size, len(x_tr))
-    step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy, metrics=metrics)
+    x_dev, y_dev = jnp.asarray(x_tr), jnp.asarray(y_tr)
+    get = put = (lambda t: t)
+    dp = None
+    if devices is None and parallel is None:
+        step = make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy, metrics=metrics)
+        run_steps = _local_steps(step.raw, x_dev, y_dev)
+    else:
+        from funcnet import parallel as _parallel
+
+        dp = _parallel.data_parallel(model, tx, loss_fn, kind=parallel or "shard_map", devices=devices,
+                                     accum_steps=accum_steps, policy=policy, metrics=metrics, buffers=buffers)
+        _parallel.check_batch_size(batch_size, dp)
+        get, put = dp.get, dp.put_state
+        run_steps = functools.partial(_parallel.steps_between, dp, x=np.asarray(x_tr), y=np.asarray(y_tr))
     if state is None:
         state = create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
     _check_label_range(model, state.params, state.model_state, train_data, test_data)
+    state = put(state)
     history = []
     columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                TimeElapsedColumn()]
     with Progress(*columns, disable=not progress, transient=False) as bar:
         task = bar.add_task("", total=epochs, completed=start.epoch)
         for epoch in range(start.epoch, epochs):
-            if every_steps is None and start.perm_key is None:
-                state, epoch_metrics = run_epoch(step, state, x_tr, y_tr, batch_size=batch_size)
+            if every_steps is None and start.perm_key is None and dp is None:
+                state, epoch_metrics = run_epoch(step, state, x_dev, y_dev, batch_size=batch_size)
             else:
-                state, epoch_metrics = _run_epoch_in_parts(step, state, jnp.asarray(x_tr), jnp.asarray(y_tr),
-                                                     batch_size, start, every_steps, on_steps)
+                state, epoch_metrics = _run_epoch_in_parts(run_steps, state, len(x_tr), batch_size, start,
+                                                           every_steps, on_steps, get, put)
             start = Position(epoch + 1)
-            record = {"epoch": epoch + 1, "step": int(state.step)}
+            local = get(state)
+            record = {"epoch": epoch + 1, "step": int(local.step)}
             record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
                            if k not in ("loss_scale", "grads_finite")})
             if "grads_finite" in epoch_metrics:
                 record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
-                              loss_scale=float(state.loss_scale.loss_scale))
+                              loss_scale=float(local.loss_scale.loss_scale))
             if test_data is not None:
-                scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn,
+                scores = evaluate(model, local.params, *test_data, state=local.model_state, loss_fn=loss_fn,
                                   metrics=metrics)
                 record.update({f"test_{k}": v for k, v in scores.items()})
             history.append(record)
             if on_epoch is not None:
-                on_epoch(state, record)
+                on_epoch(local, record)
             desc = f"loss {record['train_loss']:.4f}"
             if "test_accuracy" in record:
                 desc += f"  test acc {record['test_accuracy']:.4f}"
             bar.update(task, advance=1, description=desc)
-    return state, history
+    return get(state), history
