@@ -1,7 +1,8 @@
-"""Linear and the reshaping layers (Flatten), as torch.nn's."""
+"""Linear and the reshaping layers (Flatten, Unflatten), as torch.nn's."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -11,7 +12,7 @@ from funcnet import init as _init
 from funcnet.nn.activation import _no_params
 from funcnet.nn.module import Module
 
-__all__ = ["Linear", "Flatten"]
+__all__ = ["Linear", "Flatten", "Unflatten"]
 
 
 def Linear(
@@ -75,3 +76,45 @@ def Flatten(start_dim: int = 1, end_dim: int = -1) -> Module:
         return x.reshape(x.shape[:start] + (-1,) + x.shape[end + 1:])
 
     return Module(_no_params, apply, name=f"Flatten(start_dim={start_dim}, end_dim={end_dim})")
+
+
+def Unflatten(dim: int, unflattened_size) -> Module:
+    """Split axis ``dim`` into ``unflattened_size``, as torch.nn.Unflatten (``x.unflatten``):
+    ``(*, S, *)`` -> ``(*, U_1, ..., U_n, *)`` with ``prod(U) == S``; one entry may be -1
+    (inferred), as torch allows.
+    """
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"Unflatten: dim must be an int, got {dim!r}")
+    if not isinstance(unflattened_size, (tuple, list)):
+        raise TypeError(f"Unflatten: unflattened_size must be a tuple or list of ints, got "
+                        f"{type(unflattened_size).__name__} {unflattened_size!r}")
+    for i, u in enumerate(unflattened_size):
+        if isinstance(u, bool) or not isinstance(u, int) or (u < 0 and u != -1):
+            raise TypeError(f"Unflatten: unflattened_size must hold non-negative ints (one may be -1), got "
+                            f"{u!r} at position {i} of {unflattened_size!r}")
+    if list(unflattened_size).count(-1) > 1:
+        raise ValueError(f"Unflatten: at most one entry of unflattened_size may be -1, got {unflattened_size!r}")
+    sizes = tuple(unflattened_size)
+    where = f"Unflatten(dim={dim}, unflattened_size={unflattened_size})"
+
+    def apply(params, x, *, key=None, train=False):
+        del params, key, train
+        x = jnp.asarray(x)
+        if not -x.ndim <= dim < x.ndim:
+            raise ValueError(f"{where}: input of shape {tuple(x.shape)} has no dimension {dim}, expected dim in "
+                             f"[{-x.ndim}, {x.ndim - 1}]")
+        axis = dim % x.ndim
+        size = x.shape[axis]
+        known = math.prod(u for u in sizes if u != -1)
+        new = sizes
+        if -1 in sizes:
+            if known == 0 or size % known:
+                raise ValueError(f"{where}: dimension {dim} of input shape {tuple(x.shape)} has size {size}, "
+                                 f"which is not a multiple of {known}")
+            new = tuple(size // known if u == -1 else u for u in sizes)
+        elif known != size:
+            raise ValueError(f"{where}: dimension {dim} of input shape {tuple(x.shape)} has size {size}, but "
+                             f"the sizes {sizes} multiply to {known}; they must multiply to {size}")
+        return x.reshape(x.shape[:axis] + new + x.shape[axis + 1:])
+
+    return Module(_no_params, apply, name=where)
