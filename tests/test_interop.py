@@ -20,6 +20,7 @@ from torch import nn as tnn
 
 import funcnet
 from funcnet import nn
+from funcnet import interop
 from funcnet.interop import from_torch, to_torch
 
 SIZES = [20, 16, 5]
@@ -93,26 +94,39 @@ def test_funcnet_init_matches_torch_layout_and_dtype():
         {k: (tuple(v.shape), v.dtype) for k, v in expected.items()}
 
 
-class WithConv(tnn.Module):
+class WithRNN(tnn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = tnn.Conv2d(1, 4, 3)
+        self.rnn = tnn.LSTM(4, 4)
         self.head = tnn.Linear(4, 2)
 
     def forward(self, x):
-        return self.head(self.conv(x).mean((-2, -1)))
+        return self.head(self.rnn(x)[0])
+
+
+class OwnParameter(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = tnn.Parameter(torch.ones(3))
+        self.fc = tnn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
 
 
 @pytest.mark.parametrize("module, named", [
-    (tnn.Sequential(tnn.Conv2d(1, 4, 3), tnn.Flatten(), tnn.Linear(4 * 26 * 26, 10)), "0 (Conv2d)"),
-    (WithConv(), "conv (Conv2d)"),
-    (tnn.Sequential(tnn.Linear(4, 4), tnn.BatchNorm1d(4)), "1 (BatchNorm1d)"),
+    (tnn.Sequential(tnn.Bilinear(2, 3, 4), tnn.Flatten(), tnn.Linear(4, 10)), ["0 (Bilinear)"]),
+    (WithRNN(), ["rnn (LSTM)"]),
+    (tnn.Sequential(tnn.Linear(3, 3), OwnParameter(), tnn.ModuleList([tnn.GRU(3, 3), tnn.Linear(3, 3)])),
+     ["1 (OwnParameter)", "2.0 (GRU)"]),
 ])
 def test_unsupported_layer_is_named_in_a_type_error(module, named):
     with pytest.raises(TypeError) as info:
         from_torch(module)
     message = str(info.value)
-    assert named in message
+    for needle in named:  # every unsupported layer, by dotted path and class
+        assert needle in message, (needle, message)
+    assert "(Linear)" not in message  # and nothing else
     assert "Linear" in message  # lists what is supported
     assert "state_dict()" in message  # and the way around the check
     # the tensors themselves still convert, bypassing the layer check as the message says
@@ -217,3 +231,139 @@ def test_non_strict_load_still_refuses_a_shape_mismatch():
         funcnet.load_state_dict(template, broken_state_dict(), strict=False)
     with pytest.raises(RuntimeError, match="size mismatch for 0.weight"):
         torch_mlp([4, 3, 2]).load_state_dict(broken_state_dict(), strict=False)
+
+
+# --- buffers (state), integer and bf16 dtypes, tied parameters, subclasses -------------------
+
+def bn_net():
+    torch.manual_seed(7)
+    net = tnn.Sequential(tnn.Linear(3, 4), tnn.BatchNorm1d(4))
+    net.train()(torch.randn(6, 3))  # running statistics and the counter move off their initial values
+    net[1].register_buffer("scratch", torch.ones(2), persistent=False)
+    return net
+
+
+@pytest.mark.parametrize("source", ["module", "state_dict"])
+def test_buffers_become_state_and_parameters_params(source):
+    net = bn_net()
+    params, state = interop.from_torch_with_state(net if source == "module" else net.state_dict())
+    # split as torch's named_parameters / named_buffers; the non-persistent buffer stays out
+    assert sorted(funcnet.state_dict(params)) == sorted(k for k, _ in net.named_parameters())
+    assert sorted(funcnet.state_dict({}, state)) == ["1.num_batches_tracked", "1.running_mean", "1.running_var"]
+    for k, v in net.state_dict().items():
+        np.testing.assert_array_equal(np.asarray(funcnet.state_dict(params, state)[k]), v.numpy(), err_msg=k)
+    assert state["1"]["num_batches_tracked"].dtype == jnp.int32  # x64 off: int64 -> int32, lossless here
+    back = to_torch(params, state)
+    assert list(back) == list(net.state_dict())
+    fresh = tnn.Sequential(tnn.Linear(3, 4), tnn.BatchNorm1d(4))
+    fresh.load_state_dict(back, strict=True)
+    assert int(fresh[1].num_batches_tracked) == 1
+
+
+def test_from_torch_refuses_buffers_and_points_to_from_torch_with_state():
+    net = bn_net()
+    with pytest.raises(ValueError, match=r"buffers \(1.running_mean, 1.running_var, 1.num_batches_tracked\).*"
+                                         r"from_torch_with_state"):
+        from_torch(net)
+    with pytest.raises(ValueError, match=r"or buffers=\(\) if these keys are parameters"):
+        from_torch(net.state_dict())
+    # a state_dict cannot tell params from buffers: buffers= says which keys are state
+    sd = {"w": torch.ones(2), "stats": torch.zeros(2), "running_mean": torch.zeros(1)}
+    params, state = interop.from_torch_with_state(sd, buffers=["stats"])
+    assert set(params) == {"w", "running_mean"} and set(state) == {"stats"}
+    assert set(from_torch({"running_mean": torch.zeros(1)}, buffers=())) == {"running_mean"}
+    with pytest.raises(KeyError, match="buffers= names keys that are not in the state_dict: nope"):
+        interop.from_torch_with_state(sd, buffers=["nope"])
+    with pytest.raises(TypeError, match="buffers= is for a state_dict mapping"):
+        interop.from_torch_with_state(net, buffers=["1.running_mean"])
+
+
+def test_state_is_empty_dict_without_buffers():
+    params, state = interop.from_torch_with_state(torch_mlp())
+    assert state == {} and set(params) == {"0", "2"}
+
+
+def test_int64_counter_past_int32_is_refused_without_x64_and_kept_with_it():
+    sd = {"bn.num_batches_tracked": torch.tensor(2**31, dtype=torch.int64)}
+    with pytest.raises(ValueError, match=r"'bn.num_batches_tracked' is torch.int64 and holds 2147483648, outside "
+                                         r"int32 .*JAX_ENABLE_X64=1"):
+        interop.from_torch_with_state(sd)
+    sd_ok = {"bn.num_batches_tracked": torch.tensor(2**31 - 1, dtype=torch.int64)}
+    assert int(interop.from_torch_with_state(sd_ok)[1]["bn"]["num_batches_tracked"]) == 2**31 - 1
+    with jax.enable_x64(True):
+        _, state = interop.from_torch_with_state(sd)
+        leaf = state["bn"]["num_batches_tracked"]
+        assert leaf.dtype == jnp.int64 and int(leaf) == 2**31
+        back = to_torch({}, state)["bn.num_batches_tracked"]
+        assert back.dtype == torch.int64 and int(back) == 2**31
+
+
+def test_bf16_parameters_and_buffers_stay_bf16():
+    net = bn_net().to(torch.bfloat16)
+    params, state = interop.from_torch_with_state(net)
+    assert params["0"]["weight"].dtype == jnp.bfloat16 and state["1"]["running_var"].dtype == jnp.bfloat16
+    back = to_torch(params, state)
+    for k, v in net.state_dict().items():
+        # the int64 counter comes back as int32 (x64 off); torch's load_state_dict copies it into int64
+        assert back[k].dtype == (torch.int32 if k.endswith("num_batches_tracked") else v.dtype), k
+        assert torch.equal(back[k].to(v.dtype), v), k
+
+
+class TinyGPT(tnn.Module):
+    """nanoGPT's weight tying: lm_head.weight is transformer.wte.weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.transformer = tnn.ModuleDict({"wte": tnn.Embedding(7, 4), "ln_f": tnn.LayerNorm(4)})
+        self.lm_head = tnn.Linear(4, 7, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT writes it this way round
+
+    def forward(self, idx):
+        return self.lm_head(self.transformer.ln_f(self.transformer.wte(idx)))
+
+
+@pytest.mark.parametrize("source", ["module", "state_dict"])
+def test_tied_weights_are_one_array_and_a_tied_marker(source):
+    torch.manual_seed(8)
+    net = TinyGPT()
+    params = from_torch(net if source == "module" else net.state_dict())
+    # torch lists transformer.wte.weight first: it holds the array, lm_head.weight points to it from the root
+    assert params["lm_head"]["weight"] == nn.Tied("transformer.wte.weight", 2)
+    assert len(jax.tree.leaves(params)) == 3  # wte, ln_f.weight, ln_f.bias
+    sd = to_torch(params)
+    assert list(sd) == list(net.state_dict())
+    assert torch.equal(sd["lm_head.weight"], net.lm_head.weight.detach())
+    fresh = TinyGPT()
+    fresh.load_state_dict(sd, strict=True)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight and torch.equal(fresh.lm_head.weight, net.lm_head.weight)
+
+
+def test_tied_params_drive_a_composite_with_torchs_gradient():
+    torch.manual_seed(9)
+    net = TinyGPT()
+    params = from_torch(net)
+
+    def forward(self, idx):
+        return self.lm_head(self.transformer.ln_f(self.transformer.wte(idx)))
+
+    if not hasattr(nn, "Embedding") or not hasattr(nn, "LayerNorm"):
+        pytest.skip("funcnet.nn has no Embedding/LayerNorm yet")
+    model = nn.Composite(forward, transformer=nn.ModuleDict({"wte": nn.Embedding(7, 4), "ln_f": nn.LayerNorm(4)}),
+                         lm_head=nn.Linear(4, 7, bias=False), tied={"lm_head.weight": "transformer.wte.weight"})
+    idx = torch.tensor([[1, 5, 6]])
+    out = net(idx)
+    out.square().sum().backward()
+    j_idx = jnp.asarray(idx.numpy())
+    np.testing.assert_allclose(model.apply(params, j_idx), out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, j_idx) ** 2))(params)
+    np.testing.assert_allclose(grads["transformer"]["wte"]["weight"], net.lm_head.weight.grad.numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_linear_subclass_is_supported():
+    # MultiheadAttention.out_proj is NonDynamicallyQuantizableLinear, which a name check refused
+    from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+    net = tnn.Sequential(NonDynamicallyQuantizableLinear(3, 2))
+    params = from_torch(net)
+    np.testing.assert_array_equal(params["0"]["weight"], net[0].weight.detach().numpy())
