@@ -20,7 +20,7 @@ import jax.numpy as jnp
 
 from funcnet.nn.module import Module, check_params, describe, require_state
 
-__all__ = ["LayerNorm"]
+__all__ = ["LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
 
 
 def _compute_dtype(dtype) -> jnp.dtype:
@@ -104,3 +104,217 @@ def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementw
         return _affine(y, params, shape, cdt).astype(x.dtype)
 
     return Module(init, apply, name=name)
+
+
+def GroupNorm(num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, *, bias: bool = True,
+              dtype=jnp.float32) -> Module:
+    """Normalize each example over groups of channels, as torch.nn.GroupNorm.
+
+    The ``num_channels`` channels split into ``num_groups`` groups of consecutive channels;
+    each group of each example is normalized with its own mean and biased variance (over
+    its channels and all spatial positions), then scaled and shifted per channel.
+    params: ``{"weight": ones (C,), "bias": zeros (C,)}`` (none when ``affine=False``).
+    x: ``(N, C, *)``, same shape out. ``GroupNorm(1, C)`` normalizes over ``(C, *)``,
+    ``GroupNorm(C, C)`` is instance normalization.
+    """
+    where = "GroupNorm"
+    _check_positive_int(num_groups, "num_groups", where)
+    _check_positive_int(num_channels, "num_channels", where)
+    if num_channels % num_groups:
+        raise ValueError(f"{where}: num_channels ({num_channels}) must be divisible by num_groups ({num_groups}); "
+                         f"pick num_groups among the divisors of {num_channels}")
+    eps = _check_eps(eps, where)
+    has_bias = bool(affine and bias)
+    name = f"GroupNorm({num_groups}, {num_channels}, eps={eps}, affine={affine}, bias={has_bias})"
+
+    def init(key):
+        del key
+        params = {}
+        if affine:
+            params["weight"] = jnp.ones((num_channels,), dtype)
+            if has_bias:
+                params["bias"] = jnp.zeros((num_channels,), dtype)
+        return params
+
+    expected = (["weight"] if affine else []) + (["bias"] if has_bias else [])
+
+    def apply(params, x, *, key=None, train=False):
+        del key, train
+        check_params(params, expected, name)
+        x = _check_floating(x, name)
+        if x.ndim < 2 or x.shape[1] != num_channels:
+            raise ValueError(f"{name}: input of shape {tuple(x.shape)} must be (N, {num_channels}, *) with the "
+                             f"channels in axis 1 (torch's layout); transpose channels-last inputs to NC...")
+        cdt = _compute_dtype(x.dtype)
+        h = x.astype(cdt).reshape((x.shape[0], num_groups, -1))
+        mean = jnp.mean(h, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(h - mean), axis=-1, keepdims=True)
+        y = ((h - mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
+        return _affine(y, params, (num_channels,) + (1,) * (x.ndim - 2), cdt).astype(x.dtype)
+
+    return Module(init, apply, name=name)
+
+
+def _counter_dtype():
+    # torch's num_batches_tracked is int64; JAX has int64 only with x64 enabled.
+    return jax.dtypes.canonicalize_dtype(jnp.int64)
+
+
+def _axis_size(axis_name):
+    """The size of the named axis, or None outside a pmap/shard_map that binds it."""
+    if axis_name is None:
+        return None
+    try:
+        return jax.lax.axis_size(axis_name)
+    except NameError:
+        return None
+
+
+def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, momentum, affine, track_running_stats,
+                bias, axis_name, dtype, sync_fallback: bool) -> Module:
+    where = kind
+    _check_positive_int(num_features, "num_features", where)
+    eps = _check_eps(eps, where)
+    if momentum is not None and (isinstance(momentum, bool) or not isinstance(momentum, (int, float))
+                                 or not 0.0 <= momentum <= 1.0):
+        raise ValueError(f"{where}: momentum must be a float in [0, 1] (the weight of the new batch in the running "
+                         f"statistics) or None (a cumulative moving average), got {momentum!r}")
+    if axis_name is not None and not isinstance(axis_name, str):
+        raise TypeError(f"{where}: axis_name must be the str name of a pmap/shard_map axis, got {describe(axis_name)}")
+    has_bias = bool(affine and bias)
+    name = (f"{kind}({num_features}, eps={eps}, momentum={momentum}, affine={affine}, bias={has_bias}, "
+            f"track_running_stats={track_running_stats})")
+    expected = (["weight"] if affine else []) + (["bias"] if has_bias else [])
+    C = num_features
+
+    def init(key):
+        del key
+        params = {}
+        if affine:
+            params["weight"] = jnp.ones((C,), dtype)
+            if has_bias:
+                params["bias"] = jnp.zeros((C,), dtype)
+        return params
+
+    def init_state():
+        return {"running_mean": jnp.zeros((C,), dtype), "running_var": jnp.ones((C,), dtype),
+                "num_batches_tracked": jnp.zeros((), _counter_dtype())}
+
+    def check_input(x):
+        x = _check_floating(x, name)
+        if ranks is not None and x.ndim not in ranks:
+            want = " or ".join(f"{r}D" for r in ranks)
+            layout = {2: "(N, C)", 3: "(N, C, L)", 4: "(N, C, H, W)"}
+            raise ValueError(f"{name}: expected {want} input {' or '.join(layout[r] for r in ranks)}, got "
+                             f"{x.ndim}D input of shape {tuple(x.shape)}; use the BatchNorm of that rank "
+                             f"(BatchNorm1d for (N, C[, L]), BatchNorm2d for (N, C, H, W))")
+        if x.ndim < 2 or x.shape[1] != C:
+            got = x.shape[1] if x.ndim >= 2 else "no"
+            raise ValueError(f"{name}: input of shape {tuple(x.shape)} has {got} channels in axis 1, expected "
+                             f"{C} (num_features); channels go in axis 1 (torch's layout) or build the layer "
+                             f"with num_features={got}")
+        return x
+
+    def statistics(h, axes, train):
+        """Biased batch mean and variance per channel, and the element count behind them."""
+        n = math.prod(h.shape[a] for a in axes)
+        mean = jnp.mean(h, axis=axes)
+        size = _axis_size(axis_name) if train else None
+        if axis_name is not None and train and size is None and not sync_fallback:
+            raise NameError(f"{name}: axis_name={axis_name!r} is not bound here; call the model inside "
+                            f"jax.pmap/shard_map over that axis (make_step(axis_name=...)) or build the layer "
+                            f"with axis_name=None")
+        if size is None:
+            return mean, jnp.mean(jnp.square(h - jnp.expand_dims(mean, axes)), axis=axes), n
+        # SyncBatchNorm: the global batch's statistics. Equal shards, so the global mean is the
+        # mean of the shard means; the variance is taken about that global mean (two passes, no
+        # E[x^2] - E[x]^2 cancellation).
+        mean = jax.lax.pmean(mean, axis_name)
+        var = jax.lax.pmean(jnp.mean(jnp.square(h - jnp.expand_dims(mean, axes)), axis=axes), axis_name)
+        return mean, var, n * size
+
+    def apply(params, x, *, state=None, key=None, train=False):
+        del key
+        check_params(params, expected, name)
+        if track_running_stats:
+            state = require_state(state, init_state, name)
+        x = check_input(x)
+        cdt = _compute_dtype(x.dtype)
+        h = x.astype(cdt)
+        axes = (0,) + tuple(range(2, x.ndim))
+        bshape = (C,) + (1,) * (x.ndim - 2)
+        if train or not track_running_stats:
+            if train and math.prod(x.shape[a] for a in axes) <= 1:
+                raise ValueError(f"{name}: expected more than 1 value per channel when training, got input of "
+                                 f"shape {tuple(x.shape)}; use a batch of at least 2 (or eval mode, train=False)")
+            mean, var, n = statistics(h, axes, train)
+        else:
+            mean, var = state["running_mean"].astype(cdt), state["running_var"].astype(cdt)
+        y = (h - mean.reshape(bshape)) * jax.lax.rsqrt(var.reshape(bshape) + eps)
+        y = _affine(y, params, bshape, cdt).astype(x.dtype)
+        if not track_running_stats:
+            return y
+        if not train:
+            return y, state
+        count = state["num_batches_tracked"] + 1
+        factor = 1.0 / count.astype(cdt) if momentum is None else jnp.asarray(momentum, cdt)
+        mean, var = jax.lax.stop_gradient((mean, var))
+        unbiased = var * (n / (n - 1))  # torch's running_var takes the unbiased batch variance
+        rm, rv = state["running_mean"], state["running_var"]
+        new_state = {"running_mean": ((1 - factor) * rm.astype(cdt) + factor * mean).astype(rm.dtype),
+                     "running_var": ((1 - factor) * rv.astype(cdt) + factor * unbiased).astype(rv.dtype),
+                     "num_batches_tracked": count.astype(state["num_batches_tracked"].dtype)}
+        return y, new_state
+
+    return Module(init, apply, init_state if track_running_stats else None, name=name)
+
+
+_BATCH_NORM_DOC = """Batch normalization over {layout}, as torch.nn.{kind}.
+
+    Train mode: ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the batch mean and
+    biased variance per channel (over every axis but axis 1); the running statistics advance as
+    ``running = (1 - momentum) * running + momentum * batch`` with the *unbiased* batch variance
+    for ``running_var`` (``momentum=None``: a cumulative average, factor ``1 /
+    num_batches_tracked``), as torch. Eval mode: the running statistics; the state comes back
+    unchanged. ``track_running_stats=False``: no state, batch statistics in both modes.
+
+    params: ``{{"weight": ones (C,), "bias": zeros (C,)}}`` (none when ``affine=False``);
+    state (``init_state()``): ``{{"running_mean": zeros (C,), "running_var": ones (C,),
+    "num_batches_tracked": 0}}`` (int64 with x64 enabled, else int32).
+    ``apply(params, x, state=, train=) -> (y, new_state)``. ``axis_name``: statistics over the
+    global batch across that pmap/shard_map axis in train mode (as ``SyncBatchNorm``).
+    """
+
+
+def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
+                dtype=jnp.float32) -> Module:
+    return _batch_norm("BatchNorm1d", (2, 3), num_features, eps, momentum, affine, track_running_stats, bias,
+                       axis_name, dtype, sync_fallback=False)
+
+
+def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
+                dtype=jnp.float32) -> Module:
+    return _batch_norm("BatchNorm2d", (4,), num_features, eps, momentum, affine, track_running_stats, bias,
+                       axis_name, dtype, sync_fallback=False)
+
+
+BatchNorm1d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C) or (N, C, L)", kind="BatchNorm1d")
+BatchNorm2d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C, H, W)", kind="BatchNorm2d")
+
+
+def SyncBatchNorm(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                  track_running_stats: bool = True, *, axis_name: str = "data", bias: bool = True,
+                  dtype=jnp.float32) -> Module:
+    """BatchNorm whose train-mode statistics are those of the global batch, as torch.nn.SyncBatchNorm.
+
+    Inside ``jax.pmap`` / ``shard_map`` over ``axis_name`` (``make_step(axis_name="data")``),
+    the per-device batch mean and variance are averaged with ``lax.pmean`` (equal shards) and
+    the unbiased correction counts the global batch, so every device normalizes with, and
+    stores, the same statistics. Outside such a map it is BatchNorm of the local batch, as torch's
+    SyncBatchNorm without a process group. x: ``(N, C, *)``. Params and state as BatchNorm2d;
+    ``axis_name`` replaces torch's ``process_group``.
+    """
+    return _batch_norm("SyncBatchNorm", None, num_features, eps, momentum, affine, track_running_stats, bias,
+                       axis_name, dtype, sync_fallback=True)
