@@ -16,14 +16,18 @@ the global generator; ``batches(key, ...)`` gives the same order for the same ke
 from __future__ import annotations
 
 import gzip
+import hashlib
+import math
+import operator
 import os
+import zlib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DATASETS", "load", "epoch_indices", "batches", "check_batch_size"]
+__all__ = ["DATASETS", "load", "num_classes", "fingerprint", "epoch_indices", "batches", "check_batch_size"]
 
 DATASETS = ("digits", "mnist", "synthetic")
 
@@ -36,7 +40,13 @@ MNIST_FILES = {
 
 
 def load(name: str, *, data_dir: str | os.PathLike | None = None, seed: int = 0, **kwargs):
-    """``(x_train, y_train), (x_test, y_test)`` as numpy arrays (float32 in [0, 1], int32)."""
+    """``(x_train, y_train), (x_test, y_test)`` as numpy arrays (float32 in [0, 1], int32).
+
+    Labels are class indices in ``[0, num_classes(name, **kwargs))``; a file holding any other
+    label is refused (a model sized from the labels would silently grow a class per bad byte).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"load({name!r}): seed must be a non-negative int, got {seed!r}")
     if name == "digits":
         return _digits(seed=seed, **kwargs)
     if name == "mnist":
@@ -52,7 +62,40 @@ def load(name: str, *, data_dir: str | os.PathLike | None = None, seed: int = 0,
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
 
 
+def num_classes(name: str, **kwargs) -> int:
+    """How many classes ``load(name, **kwargs)`` has: the size of a classifier's last layer,
+    fixed by the data set, never derived from the labels found."""
+    if name in ("digits", "mnist"):
+        return 10
+    if name == "synthetic":
+        return _count(kwargs.get("classes", 10), "classes")
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+
+
+def fingerprint(*arrays) -> str:
+    """SHA-256 (hex) of the arrays' dtypes, shapes and bytes: equal exactly when the data is.
+    ``funcnet train`` stores it in each checkpoint, so a resume on changed data is refused."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _count(value, name: str) -> int:
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"load('synthetic'): {name} must be a positive int, got {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"load('synthetic'): {name} must be positive, got {value}")
+    return n
+
+
 def _digits(*, seed: int = 0, test_size: float = 0.2):
+    if seed > 2**32 - 1:  # scikit-learn's random_state is a 32-bit seed
+        raise ValueError(f"load('digits'): seed must be at most 2**32 - 1 = {2**32 - 1}, got {seed}")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -65,9 +108,12 @@ def _digits(*, seed: int = 0, test_size: float = 0.2):
 
 def _synthetic(*, seed: int = 0, n_train: int = 1024, n_test: int = 256, features: int = 32,
                classes: int = 10, noise: float = 1.0):
-    for name, value in (("n_train", n_train), ("n_test", n_test), ("features", features), ("classes", classes)):
-        if int(value) <= 0:
-            raise ValueError(f"load('synthetic'): {name} must be positive, got {value}")
+    n_train, n_test, features, classes = (_count(v, k) for k, v in (
+        ("n_train", n_train), ("n_test", n_test), ("features", features), ("classes", classes)))
+    if isinstance(noise, bool) or not isinstance(noise, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(noise) or noise < 0:
+        raise ValueError(f"load('synthetic'): noise must be a finite number >= 0 (the clusters' standard "
+                         f"deviation), got {noise!r}")
     rng = np.random.default_rng(seed)
     centers = rng.normal(0.0, 3.0, size=(classes, features))
 
@@ -84,21 +130,38 @@ def _synthetic(*, seed: int = 0, n_train: int = 1024, n_test: int = 256, feature
 
 
 def _read_idx(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        raw = f.read()
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ValueError(f"{path} is a damaged gzip file ({type(e).__name__}: {e}); download it again or "
+                         f"replace it with the uncompressed {path.stem}") from None
+    except OSError as e:
+        raise OSError(e.errno, f"cannot read MNIST file {path}: {e.strerror}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise ValueError(f"{path} is not an IDX file of unsigned bytes (magic {raw[:4].hex()!r})")
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes (magic {raw[:4].hex()!r}, expected "
+                         f"'0000080N'); pass the original MNIST files")
     ndim = raw[3]
+    offset = 4 + 4 * ndim
+    if len(raw) < offset:
+        raise ValueError(f"{path} is truncated: {len(raw)} bytes, shorter than its {offset}-byte header")
     dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if data.size != int(np.prod(dims)):
-        raise ValueError(f"{path} is truncated: header says {dims}, found {data.size} values")
+    data = np.frombuffer(raw, dtype=np.uint8, offset=offset)
+    expected = math.prod(dims)
+    if data.size < expected:
+        raise ValueError(f"{path} is truncated: its header says {dims} = {expected} values, found {data.size}; "
+                         f"download it again")
+    if data.size > expected:
+        raise ValueError(f"{path} has {data.size - expected} bytes past the {dims} = {expected} values its header "
+                         f"announces; the file is damaged or not MNIST: download it again")
     return data.reshape(dims)
 
 
 def _mnist(data_dir: Path):
-    arrays = {}
+    arrays, paths = {}, {}
     for part, stem in MNIST_FILES.items():
         candidates = [data_dir / stem, data_dir / (stem + ".gz")]
         found = next((p for p in candidates if p.exists()), None)
@@ -108,9 +171,24 @@ def _mnist(data_dir: Path):
                 + ", ".join(MNIST_FILES.values())
                 + " there"
             )
-        arrays[part] = _read_idx(found)
+        arrays[part], paths[part] = _read_idx(found), found
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim < 2 or labels.ndim != 1:
+            raise ValueError(f"{paths[split + '_images']} / {paths[split + '_labels']}: expected images of shape "
+                             f"(n, rows, cols) and labels of shape (n,), got {images.shape} and {labels.shape}")
+        if len(images) != len(labels):
+            raise ValueError(f"{paths[split + '_images']} holds {len(images)} images but "
+                             f"{paths[split + '_labels']} holds {len(labels)} labels; use files of the same split")
+        if len(labels) and labels.max() > 9:
+            i = int(np.argmax(labels > 9))
+            raise ValueError(f"{paths[split + '_labels']} holds label {int(labels[i])} at index {i}; MNIST labels "
+                             f"are 0-9, so the file is damaged: download it again")
     x_tr = arrays["train_images"].reshape(len(arrays["train_images"]), -1).astype(np.float32) / 255.0
     x_te = arrays["test_images"].reshape(len(arrays["test_images"]), -1).astype(np.float32) / 255.0
+    if x_tr.shape[1] != x_te.shape[1]:
+        raise ValueError(f"{paths['train_images']} has {x_tr.shape[1]} pixels per image but "
+                         f"{paths['test_images']} has {x_te.shape[1]}; use files of the same data set")
     return (x_tr, arrays["train_labels"].astype(np.int32)), (x_te, arrays["test_labels"].astype(np.int32))
 
 

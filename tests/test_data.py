@@ -91,3 +91,76 @@ def test_non_positive_batch_size(bad):
 def test_batch_size_larger_than_data():
     with pytest.raises(ValueError, match="batch_size 8 is larger than the 4 examples"):
         data.check_batch_size(8, 4)
+
+
+def _mnist_dir(tmp_path, labels=None, test_images=None, compress=False):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (20, 28, 28))
+    labels = rng.integers(0, 10, 20) if labels is None else labels
+    for stem, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels),
+                      ("t10k-images-idx3-ubyte", images[:5] if test_images is None else test_images),
+                      ("t10k-labels-idx1-ubyte", labels[:5])):
+        _write_idx(tmp_path / stem, np.asarray(arr), compress)
+    return tmp_path
+
+
+def test_a_corrupt_label_byte_is_refused_not_a_256th_class(tmp_path):
+    labels = np.arange(20) % 10
+    labels[7] = 255
+    with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte holds label 255 at index 7; MNIST labels are 0-9"):
+        data.load("mnist", data_dir=_mnist_dir(tmp_path, labels=labels))
+    assert data.num_classes("mnist") == data.num_classes("digits") == 10
+    assert data.num_classes("synthetic", classes=3) == 3
+
+
+def test_mnist_image_and_label_counts_must_agree(tmp_path):
+    _mnist_dir(tmp_path, test_images=np.zeros((4, 28, 28)))
+    with pytest.raises(ValueError, match=r"t10k-images-idx3-ubyte holds 4 images but .*t10k-labels-idx1-ubyte holds 5"):
+        data.load("mnist", data_dir=tmp_path)
+
+
+def test_mnist_trailing_bytes_are_not_called_truncated(tmp_path):
+    _mnist_dir(tmp_path)
+    path = tmp_path / "train-labels-idx1-ubyte"
+    path.write_bytes(path.read_bytes() + b"\x00\x00\x00")
+    with pytest.raises(ValueError, match=r"train-labels-idx1-ubyte has 3 bytes past the \(20,\) = 20 values"):
+        data.load("mnist", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["cut", "flipped"])
+def test_a_damaged_gzip_file_is_named(tmp_path, damage):
+    _mnist_dir(tmp_path, compress=True)
+    path = tmp_path / "train-images-idx3-ubyte.gz"
+    raw = path.read_bytes()
+    # cut: gzip raises EOFError; a flipped byte in the deflate stream: zlib.error or a CRC error
+    raw = raw[: len(raw) // 2] if damage == "cut" else raw[:-100] + bytes([raw[-100] ^ 0xFF]) + raw[-99:]
+    path.write_bytes(raw)
+    with pytest.raises(ValueError, match=r"train-images-idx3-ubyte.gz is a damaged gzip file .*download it again"):
+        data.load("mnist", data_dir=tmp_path)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"n_train": 2.5}, TypeError, r"n_train must be a positive int, got 2.5"),
+    ({"classes": 0}, ValueError, r"classes must be positive, got 0"),
+    ({"noise": float("nan")}, ValueError, r"noise must be a finite number >= 0 .*got nan"),
+    ({"noise": float("inf")}, ValueError, r"noise must be a finite number >= 0 .*got inf"),
+    ({"seed": -1}, ValueError, r"seed must be a non-negative int, got -1"),
+])
+def test_synthetic_refuses_bad_arguments_by_name(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        data.load("synthetic", **kwargs)
+
+
+def test_digits_seed_beyond_32_bits_is_named():
+    with pytest.raises(ValueError, match=r"load\('digits'\): seed must be at most 2\*\*32 - 1"):
+        data.load("digits", seed=2**64)
+
+
+def test_fingerprint_changes_with_one_value_and_with_the_dtype():
+    x = np.zeros((3, 4), np.float32)
+    base = data.fingerprint(x, np.arange(3))
+    assert base == data.fingerprint(x.copy(), np.arange(3))
+    y = x.copy()
+    y[2, 3] = 1e-30
+    assert data.fingerprint(y, np.arange(3)) != base
+    assert data.fingerprint(x.astype(np.float64), np.arange(3)) != base
