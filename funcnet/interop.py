@@ -504,9 +504,10 @@ def _flat_for_file(params, state) -> tuple[dict[str, np.ndarray], dict[str, str]
             arrays[k] = np.ascontiguousarray(np.asarray(v))
         except Exception as e:  # noqa: BLE001 - report which entry, whatever numpy says
             raise TypeError(f"save_safetensors: {k!r} holds {type(v).__name__}, which is not an array: {e}") from e
-        if arrays[k].dtype == object or arrays[k].dtype.kind in "USV":
-            raise TypeError(f"save_safetensors: {k!r} holds {type(v).__name__} ({arrays[k].dtype}), expected a "
-                            f"numeric array")
+        dtype = arrays[k].dtype
+        if not (dtype.kind in "biuf" or dtype.type.__module__.startswith("ml_dtypes")):  # bfloat16, float8
+            raise TypeError(f"save_safetensors: {k!r} holds {type(v).__name__} ({dtype}), expected a numeric "
+                            f"array (safetensors stores bool, integer and floating dtypes)")
     return arrays, ties
 
 
