@@ -164,9 +164,9 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
             if ties[k] in sd and not np.array_equal(value, _as_array(sd[ties[k]])):
                 mismatched.append(f"{k}: is tied to {ties[k]} in this model but holds different values")
             elif ties[k] not in sd:
-                values[ties[k]] = jnp.asarray(value, dtype=jnp.result_type(leaf))
+                values[ties[k]] = jnp.array(value, dtype=jnp.result_type(leaf), copy=True)
             continue
-        values[k] = jnp.asarray(value, dtype=jnp.result_type(leaf))
+        values[k] = jnp.array(value, dtype=jnp.result_type(leaf), copy=True)
 
     problems = []
     if strict and missing:
