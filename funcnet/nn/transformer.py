@@ -1,3 +1,174 @@
-"""(family file; layers are added here by the layer author's contract in docs/design.md)"""
+"""Transformer encoder blocks, as torch.nn.TransformerEncoderLayer / TransformerEncoder,
+written as composites whose ``forward`` reads like torch's (children named as torch's
+attributes, so state_dict keys are torch's)."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from funcnet.nn.activation import GELU, ReLU
+from funcnet.nn.attention import MultiheadAttention
+from funcnet.nn.containers import Composite, ModuleList
+from funcnet.nn.dropout import Dropout
+from funcnet.nn.linear import Linear
+from funcnet.nn.module import Module, describe
+from funcnet.nn.norm import LayerNorm
+
+__all__ = ["TransformerEncoderLayer", "TransformerEncoder", "generate_square_subsequent_mask"]
+
+
+def generate_square_subsequent_mask(sz: int, dtype=jnp.float32) -> jax.Array:
+    """The (sz, sz) causal float mask: 0 on and below the diagonal, -inf above
+    (torch.nn.Transformer.generate_square_subsequent_mask)."""
+    if not isinstance(sz, int) or isinstance(sz, bool) or sz <= 0:
+        raise ValueError(f"generate_square_subsequent_mask: sz must be a positive int (the sequence length), "
+                         f"got {sz!r}")
+    return jnp.triu(jnp.full((sz, sz), -jnp.inf, dtype), k=1)
+
+
+def _activation(activation, where: str):
+    """torch accepts "relu", "gelu" or any callable; a Module becomes the ``activation`` child."""
+    if isinstance(activation, str):
+        if activation == "relu":
+            return ReLU()
+        if activation == "gelu":
+            return GELU()
+        raise ValueError(f"{where}: activation should be 'relu' or 'gelu' (or a callable), got {activation!r}")
+    if isinstance(activation, Module) or callable(activation):
+        return activation
+    raise TypeError(f"{where}: activation must be 'relu', 'gelu', a funcnet.nn.Module or a function of an array, "
+                    f"got {describe(activation)}")
+
+
+def TransformerEncoderLayer(
+    d_model: int,
+    nhead: int,
+    dim_feedforward: int = 2048,
+    dropout: float = 0.1,
+    activation: str | Callable | Module = "relu",
+    layer_norm_eps: float = 1e-5,
+    batch_first: bool = False,
+    norm_first: bool = False,
+    bias: bool = True,
+    *,
+    dtype=jnp.float32,
+) -> Module:
+    """Self-attention then a feed-forward block, each with a residual and a LayerNorm
+    (torch.nn.TransformerEncoderLayer; post-norm by default, pre-norm with ``norm_first``).
+
+    Children (torch's names, so params and state_dict keys are torch's): ``self_attn``
+    (MultiheadAttention(d_model, nhead, dropout, bias, batch_first)), ``linear1`` (d_model ->
+    dim_feedforward), ``dropout``, ``linear2``, ``norm1``, ``norm2``, ``dropout1``, ``dropout2``
+    (and ``activation`` when it is a Module; "relu"/"gelu" give ReLU()/GELU(), exact erf GELU
+    as torch's F.gelu).
+
+    ``apply(params, src, *, src_mask=None, src_key_padding_mask=None, is_causal=False,
+    key=None, train=False)``: src (S, N, d_model) ((N, S, d_model) with ``batch_first``; (S,
+    d_model) unbatched), same shape out; ``src_mask`` (S, S) or (N*nhead, S, S),
+    ``src_key_padding_mask`` (N, S), bool (True = masked) or float (added), as
+    MultiheadAttention's. ``train=True`` with ``dropout > 0`` needs ``key``.
+    """
+    where = "TransformerEncoderLayer"
+    for arg, value in (("d_model", d_model), ("nhead", nhead), ("dim_feedforward", dim_feedforward)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{where}: {arg} must be a positive int, got {value!r}")
+    act = _activation(activation, where)
+    act_name = activation if isinstance(activation, str) else getattr(act, "name", getattr(act, "__name__", "fn"))
+    children = dict(
+        self_attn=MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, dtype=dtype),
+        linear1=Linear(d_model, dim_feedforward, bias, dtype=dtype),
+        dropout=Dropout(dropout),
+        linear2=Linear(dim_feedforward, d_model, bias, dtype=dtype),
+        norm1=LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype),
+        norm2=LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype),
+        dropout1=Dropout(dropout),
+        dropout2=Dropout(dropout),
+    )
+    if isinstance(act, Module):
+        children["activation"] = act
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        activation_fn = self.activation if isinstance(act, Module) else act
+
+        def sa_block(x):
+            x = self.self_attn(x, x, x, attn_mask=src_mask, key_padding_mask=src_key_padding_mask,
+                               need_weights=False, is_causal=is_causal)[0]
+            return self.dropout1(x)
+
+        def ff_block(x):
+            x = self.linear2(self.dropout(activation_fn(self.linear1(x))))
+            return self.dropout2(x)
+
+        # see Fig. 1 of https://arxiv.org/pdf/2002.04745v1.pdf (torch's comment)
+        x = src
+        if norm_first:
+            x = x + sa_block(self.norm1(x))
+            x = x + ff_block(self.norm2(x))
+        else:
+            x = self.norm1(x + sa_block(x))
+            x = self.norm2(x + ff_block(x))
+        return x
+
+    name = (f"{where}(d_model={d_model}, nhead={nhead}, dim_feedforward={dim_feedforward}, dropout={dropout}, "
+            f"activation={act_name}, layer_norm_eps={layer_norm_eps}, batch_first={batch_first}, "
+            f"norm_first={norm_first}, bias={bias})")
+    return Composite(_keyword_only(forward), name=name, **children)
+
+
+def _keyword_only(forward):
+    # torch's masks may be passed positionally; ours are keywords (apply's positional inputs are
+    # the arrays a jitted step feeds), so a forward taking src alone positionally is exposed.
+    def wrapped(self, src, *, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        return forward(self, src, src_mask, src_key_padding_mask, is_causal)
+
+    wrapped.__qualname__ = forward.__qualname__
+    return wrapped
+
+
+def TransformerEncoder(encoder_layer: Module, num_layers: int, norm: Module | None = None,
+                       enable_nested_tensor: bool = True, mask_check: bool = True) -> Module:
+    """``num_layers`` copies of ``encoder_layer`` applied in turn, then ``norm`` if given
+    (torch.nn.TransformerEncoder).
+
+    Children ``layers`` (ModuleList "0".."num_layers-1") and ``norm``: state_dict keys
+    ``layers.0.self_attn.in_proj_weight``, ..., ``norm.weight``, as torch. As torch (which
+    deep-copies ``encoder_layer``), every layer starts from the same initial weights.
+    ``apply(params, src, *, mask=None, src_key_padding_mask=None, is_causal=None, key=None,
+    train=False)``. ``enable_nested_tensor`` and ``mask_check`` only steer torch's inference
+    fast path and are accepted for compatibility (that path returns zeros at padded positions,
+    which torch's regular path, and this one, do not). ``is_causal=None`` is False here: torch
+    would detect a causal ``mask`` and use the causal mask instead, which gives the same result.
+    """
+    where = "TransformerEncoder"
+    if not isinstance(encoder_layer, Module):
+        raise TypeError(f"{where}: encoder_layer must be a funcnet.nn.Module (e.g. nn.TransformerEncoderLayer(...)), "
+                        f"got {describe(encoder_layer)}")
+    if not isinstance(num_layers, int) or isinstance(num_layers, bool) or num_layers <= 0:
+        raise ValueError(f"{where}: num_layers must be a positive int, got {num_layers!r}")
+    if norm is not None and not isinstance(norm, Module):
+        raise TypeError(f"{where}: norm must be None or a funcnet.nn.Module (e.g. nn.LayerNorm(d_model)), "
+                        f"got {describe(norm)}")
+    del enable_nested_tensor, mask_check
+
+    def forward(self, src, *, mask=None, src_key_padding_mask=None, is_causal=None):
+        output = src
+        for mod in self.layers:
+            output = mod(output, src_mask=mask, is_causal=bool(is_causal), src_key_padding_mask=src_key_padding_mask)
+        if self.norm is not None:
+            output = self.norm(output)
+        return output
+
+    model = Composite(forward, name=f"{where}(layers={num_layers} x {encoder_layer.name}, norm={norm})",
+                      layers=ModuleList([encoder_layer] * num_layers), norm=norm)
+
+    def init(key):
+        # torch's _get_clones deep-copies one initialized layer: every layer starts equal
+        params = model.init(key)
+        first = params["layers"]["0"]
+        params["layers"] = {str(i): first if i == 0 else jax.tree.map(jnp.copy, first) for i in range(num_layers)}
+        return params
+
+    return model._replace(init=init)
