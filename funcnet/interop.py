@@ -76,8 +76,21 @@ def _encoder_layer_args(m) -> dict:
             "bias": m.linear1.bias is not None}
 
 
+def _encoder_args(m) -> dict:
+    problems: list[str] = []
+    registry = _registry()
+    layers = [_build(layer, f"layers.{i}", registry, problems) for i, layer in enumerate(m.layers)]
+    norm = None if m.norm is None else _build(m.norm, "norm", registry, problems)
+    if problems:
+        raise ValueError("; ".join(problems))
+    if len({layer.name for layer in layers}) > 1:
+        raise ValueError("its layers were built with different arguments; funcnet.nn.TransformerEncoder repeats "
+                         "one encoder_layer (as torch's constructor does)")
+    return {"encoder_layer": layers[0], "num_layers": len(layers), "norm": norm}
+
+
 _SIMPLE = [
-    "Linear", "Identity", "Flatten", "Dropout",
+    "Linear", "Identity", "Flatten", "Unflatten", "Dropout",
     "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Mish", "ELU", "CELU", "SELU", "LeakyReLU", "Softplus",
     "Hardtanh", "ReLU6", "Hardsigmoid", "Hardswish", "LogSigmoid", "Softsign", "Tanhshrink", "Softmax",
     "LogSoftmax", "GLU", "PReLU",
@@ -91,6 +104,7 @@ _SIMPLE = [
 _ROWS = [_Row(n, n) for n in _SIMPLE] + [
     _Row("MultiheadAttention", "MultiheadAttention", _mha_args),
     _Row("TransformerEncoderLayer", "TransformerEncoderLayer", _encoder_layer_args),
+    _Row("TransformerEncoder", "TransformerEncoder", _encoder_args),
 ]
 _CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
 

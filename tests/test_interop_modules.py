@@ -28,6 +28,8 @@ ROWS = {
     "mlp": (lambda: tnn.Sequential(tnn.Linear(5, 7), tnn.ReLU(), tnn.Linear(7, 3, bias=False), tnn.Tanh(),
                                    tnn.Identity(), tnn.Dropout(0.0), tnn.Sigmoid()), (4, 5), ()),
     "flatten": (lambda: tnn.Sequential(tnn.Flatten(1, 2), tnn.Linear(1, 2)), (3, 2, 3, 1), ()),
+    "unflatten": (lambda: tnn.Sequential(tnn.Linear(6, 6), tnn.Unflatten(1, (2, 3)), tnn.Linear(3, 2)), (4, 6),
+                  ("Unflatten",)),
     "conv_bn_pool": (lambda: tnn.Sequential(tnn.Conv2d(3, 4, 3, stride=1, padding=1, bias=False),
                                             tnn.BatchNorm2d(4, eps=1e-3, momentum=0.2), tnn.ReLU(),
                                             tnn.MaxPool2d(2), tnn.AdaptiveAvgPool2d(1), tnn.Flatten(),
@@ -240,6 +242,22 @@ def test_transformer_encoder_layer_converts_with_its_arguments():
     model, params, state = interop.convert(net)
     x = torch.randn(2, 3, 8)
     y, _ = nn.call(model, params, state, jnp.asarray(x.numpy()))
+    # attention, softmax, two LayerNorms and a feed-forward block in float32: a few 1e-6 add up
+    np.testing.assert_allclose(y, net.eval()(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+@needs("TransformerEncoder", "TransformerEncoderLayer")
+def test_transformer_encoder_converts_with_its_layers_and_norm():
+    torch.manual_seed(9)
+    layer = tnn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True)
+    net = tnn.TransformerEncoder(layer, 2, norm=tnn.LayerNorm(8), enable_nested_tensor=False)
+    with torch.no_grad():  # torch deep-copies the layer: make the two differ so the params must be per layer
+        net.layers[1].linear1.weight.mul_(-1)
+    model, params, state = interop.convert(net)
+    assert list(funcnet.state_dict(params, model=model)) == list(net.state_dict())
+    x = torch.randn(2, 3, 8)
+    y, _ = nn.call(model, params, state, jnp.asarray(x.numpy()))
+    # attention, softmax, two LayerNorms and a feed-forward block in float32: a few 1e-6 add up
     np.testing.assert_allclose(y, net.eval()(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
