@@ -335,7 +335,8 @@ def test_tied_weights_are_one_array_and_a_tied_marker(source):
     assert torch.equal(sd["lm_head.weight"], net.lm_head.weight.detach())
     fresh = TinyGPT()
     fresh.load_state_dict(sd, strict=True)
-    assert fresh.lm_head.weight is fresh.transformer.wte.weight and torch.equal(fresh.lm_head.weight, net.lm_head.weight)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+    assert torch.equal(fresh.lm_head.weight, net.lm_head.weight)
 
 
 def test_tied_params_drive_a_composite_with_torchs_gradient():

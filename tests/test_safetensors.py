@@ -136,7 +136,8 @@ def test_tied_parameters_are_stored_once_as_torchs_save_model_does(tmp_path):
     # torch's load_model reads our file and keeps the tie
     fresh = TinyGPT()
     assert st.load_model(fresh, ours) == (set(), [])
-    assert fresh.lm_head.weight is fresh.transformer.wte.weight and torch.equal(fresh.lm_head.weight, net.lm_head.weight)
+    assert fresh.lm_head.weight is fresh.transformer.wte.weight
+    assert torch.equal(fresh.lm_head.weight, net.lm_head.weight)
     # both files load with every state_dict key, into params that keep the tie
     for path in (ours, theirs):
         sd = interop.load_safetensors(path)
