@@ -10,7 +10,9 @@ torch.optim.SGD), funcnet.train.make_step vs torch's zero_grad/backward/step loo
 - accum_steps=2 advances the running statistics once per micro-batch, as two torch forwards;
 - an fp16 step whose scaled gradients overflow is skipped for params and optimizer, while the
   running statistics advance, as torch's GradScaler skips optimizer.step() after the forward
-  has updated the buffers.
+  has updated the buffers;
+- SyncBatchNorm under make_step(axis_name=) (pmap) and make_shard_map_step on 4 devices equals
+  torch's BatchNorm1d on the global batch.
 """
 
 import jax
@@ -188,3 +190,37 @@ def test_skipped_fp16_step_still_advances_running_stats(digits):
     for k in ("running_mean", "running_var"):
         np.testing.assert_allclose(ms[k], getattr(theirs[1], k).numpy(), rtol=1e-3, atol=5e-5, err_msg=k)
     assert np.abs(np.asarray(ms["running_var"]) - 1.0).max() > 1e-2  # moved: not the initial state
+
+
+@pytest.mark.parametrize("kind", ["shard_map", "pmap"])
+def test_sync_batchnorm_data_parallel_equals_torch_on_the_global_batch(digits, kind):
+    """4 devices with 8 examples each, SyncBatchNorm: params and running statistics after 3 steps
+    equal torch's single-process BatchNorm1d on the 32-example batch (what torch's SyncBatchNorm
+    under DDP computes)."""
+    (x, y), _ = digits
+    theirs, _, _, _ = models("float32")
+    ours = nn.Sequential(nn.Linear(64, 32), nn.SyncBatchNorm(32, axis_name="data"), nn.ReLU(), nn.Linear(32, 10))
+    params, state = funcnet.load_state_dict(ours.init(jax.random.key(0)), theirs.state_dict(),
+                                            state=ours.init_state())
+    tx = optax.sgd(LR, momentum=0.9)
+    ts = train.create_train_state(ours, tx, jax.random.key(1), params=params, model_state=state)
+    if kind == "pmap":
+        step = train.make_step(ours, tx, funcnet.losses.cross_entropy, axis_name="data")
+        devices = jax.local_devices()[:4]
+        ts = funcnet.parallel.replicate(ts, devices)
+        place = lambda b: funcnet.parallel.shard(b, 4)  # noqa: E731
+    else:
+        mesh = funcnet.parallel.data_mesh(4)
+        step = funcnet.parallel.make_shard_map_step(ours, tx, funcnet.losses.cross_entropy, mesh)
+        place = lambda b: b  # noqa: E731
+    opt = torch.optim.SGD(theirs.parameters(), lr=LR, momentum=0.9)
+    batch = 32
+    for i in range(3):
+        xb, yb = x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]
+        ts, _ = step(ts, place((jnp.asarray(xb), jnp.asarray(yb))))
+        opt.zero_grad()
+        F.cross_entropy(theirs(torch.from_numpy(xb)), torch.from_numpy(yb).long()).backward()
+        opt.step()
+    if kind == "pmap":
+        ts = funcnet.parallel.unreplicate(ts)
+    assert_same(ts, theirs, TOL["float32"])
