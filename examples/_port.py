@@ -1,0 +1,86 @@
+"""Shared by the port examples: run a torch model and its funcnet twin from the same weights
+on the same batches, step by step, and report the largest differences."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+import funcnet
+from funcnet import nn, train
+from funcnet.precision import cast_floating
+
+
+def source_lines(obj) -> int:
+    """Lines of code in ``obj``'s source: no blank lines, comments or docstrings."""
+    source = textwrap.dedent(inspect.getsource(obj))
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node) is not None:
+            doc = node.body[0]
+            docstrings.update(range(doc.lineno, doc.end_lineno + 1))
+    return sum(1 for i, line in enumerate(source.splitlines(), 1)
+               if i not in docstrings and line.strip() and not line.strip().startswith("#"))
+
+
+def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarray, *, steps: int = 3,
+            batch: int = 32, lr: float = 0.05, momentum: float = 0.9, dtype: str = "float32") -> dict:
+    """Forward (train mode), gradients and ``steps`` SGD-momentum steps of both, then eval logits.
+    Returns ``{"forward", "grads", "params", "buffers", "eval"}`` maximum absolute differences."""
+    tdt = {"float32": torch.float32, "float64": torch.float64}[dtype]
+    theirs = theirs.to(tdt).train()
+    # the templates in the compared dtype, as torch's .to(dtype) casts parameters and float buffers
+    params, state = funcnet.load_state_dict(cast_floating(ours.init(jax.random.key(0)), dtype),
+                                            theirs.state_dict(), state=cast_floating(ours.init_state(), dtype))
+    xs, ys = x[: batch * steps].astype(dtype), y[: batch * steps]
+    diffs = {}
+
+    # one forward + backward, train mode
+    tx_, ty_ = torch.from_numpy(xs[:batch]), torch.from_numpy(ys[:batch]).long()
+    probe = {k: v.clone() for k, v in theirs.state_dict().items()}
+    loss_t = torch.nn.functional.cross_entropy(theirs(tx_), ty_)
+    loss_t.backward()
+
+    def loss_fn(p):
+        out, new = nn.call(ours, p, state, jnp.asarray(xs[:batch]), train=True)
+        return funcnet.losses.cross_entropy(out, jnp.asarray(ys[:batch])), (out, new)
+
+    (loss_j, (out_j, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    diffs["forward"] = abs(float(loss_j) - loss_t.item())
+    g = funcnet.state_dict(grads)
+    diffs["grads"] = max(float(np.max(np.abs(np.asarray(g[k]) - p.grad.numpy())))
+                         for k, p in theirs.named_parameters())
+    theirs.load_state_dict(probe)  # undo the probe forward's buffer update
+    theirs.zero_grad()
+
+    # steps of SGD with momentum, torch's loop against make_step
+    opt = torch.optim.SGD(theirs.parameters(), lr=lr, momentum=momentum)
+    tx = optax.sgd(lr, momentum=momentum)
+    step = train.make_step(ours, tx)
+    ts = train.create_train_state(ours, tx, jax.random.key(1), params=params, model_state=state)
+    for i in range(steps):
+        xb, yb = xs[i * batch:(i + 1) * batch], ys[i * batch:(i + 1) * batch]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(theirs(torch.from_numpy(xb)), torch.from_numpy(yb).long()).backward()
+        opt.step()
+        ts, _ = step(ts, (jnp.asarray(xb), jnp.asarray(yb)))
+    sd_t = theirs.state_dict()
+    sd_j = funcnet.state_dict(ts.params, ts.model_state)
+    buffers = {k for k, _ in theirs.named_buffers()}
+    diffs["params"] = max(float(np.max(np.abs(np.asarray(sd_j[k]) - sd_t[k].numpy())))
+                          for k in sd_t if k not in buffers)
+    diffs["buffers"] = max(float(np.max(np.abs(np.asarray(sd_j[k]).astype(np.float64) - sd_t[k].double().numpy())))
+                           for k in buffers)
+    theirs.eval()
+    with torch.no_grad():
+        eval_t = theirs(torch.from_numpy(xs[:batch])).numpy()
+    eval_j, _ = nn.call(ours, ts.params, ts.model_state, jnp.asarray(xs[:batch]), train=False)
+    diffs["eval"] = float(np.max(np.abs(np.asarray(eval_j) - eval_t)))
+    return diffs
