@@ -6,8 +6,9 @@ train=)`` returns ``(y, new_state)``; train mode normalizes with the batch stati
 advances the running ones, eval mode reads them and returns the state unchanged.
 
 Mixed precision: a bfloat16/float16 input is normalized in float32 (mean, variance and the
-affine transform) and the result is cast back to the input's dtype, as torch's autocast
-runs these ops in float32; running statistics keep their own dtype (float32 by default).
+affine transform) and the result is cast back to the input's dtype: torch's autocast runs
+layer_norm and group_norm in float32, and its batch_norm kernels accumulate half inputs in
+float32. Running statistics keep their own dtype (float32 by default).
 """
 
 from __future__ import annotations
