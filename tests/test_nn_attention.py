@@ -84,6 +84,10 @@ CASES = {
     "causal_padding": ({}, dict(self_attn=True), lambda r, d: dict(attn_mask=_causal(L), is_causal=True,
                                                                    key_padding_mask=_bool_mask(r, (N, L)),
                                                                    need_weights=False)),
+    # is_causal is a hint that attn_mask is causal; given with another mask, torch (and we) use
+    # the causal mask on the path without weights or padding: pinned here, not recommended
+    "causal_hint_overrides_mask": ({}, dict(self_attn=True), lambda r, d: dict(attn_mask=_bool_mask(r, (L, L)),
+                                                                               is_causal=True, need_weights=False)),
     "no_bias": (dict(bias=False), {}, lambda r, d: dict(attn_mask=_bool_mask(r, (L, S)))),
     "bias_kv_zero_attn": (dict(add_bias_kv=True, add_zero_attn=True), {},
                           lambda r, d: dict(attn_mask=_bool_mask(r, (L, S)), key_padding_mask=_bool_mask(r, (N, S)))),
@@ -112,8 +116,9 @@ def test_multihead_attention_equals_torch(case, train, dtype):
     rng = np.random.default_rng(len(case))
     torch.manual_seed(0)
     with jax.enable_x64(dtype == "float64"):
-        check_layer(nn.MultiheadAttention(E, heads, **ctor, dtype=jnp.dtype(dtype)), torch.nn.MultiheadAttention(E, heads, **ctor),
-                    _inputs(rng, **shapes), train=train, dtype=dtype, kwargs=forward_kwargs(rng, dtype))
+        ours = nn.MultiheadAttention(E, heads, **ctor, dtype=jnp.dtype(dtype))
+        check_layer(ours, torch.nn.MultiheadAttention(E, heads, **ctor), _inputs(rng, **shapes), train=train,
+                    dtype=dtype, kwargs=forward_kwargs(rng, dtype))
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -173,7 +178,7 @@ def test_attention_dropout_in_train_mode():
     out2, _ = ours.apply(params, q, kv, kv, key=k2, train=True)
     assert not np.allclose(out, out2)
     # eval mode and p=0 ignore the key: the plain softmax
-    eval_out, eval_w = ours.apply(params, q, kv, kv)
+    _, eval_w = ours.apply(params, q, kv, kv)
     np.testing.assert_allclose(eval_w.sum(-1), 1.0, rtol=1e-5)
     with pytest.raises(ValueError, match="needs a PRNG key"):
         ours.apply(params, q, kv, kv, train=True)

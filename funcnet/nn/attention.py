@@ -102,9 +102,10 @@ def MultiheadAttention(
     expected = ({"in_proj_weight"} if packed else {"q_proj_weight", "k_proj_weight", "v_proj_weight"}) | \
         ({"in_proj_bias"} if bias else set()) | ({"bias_k", "bias_v"} if add_bias_kv else set()) | {"out_proj"}
     options = [f"embed_dim={E}", f"num_heads={H}"] + [
-        f"{n}={v!r}" for n, v, d in (("dropout", dropout, 0.0), ("bias", bias, True), ("add_bias_kv", add_bias_kv, False),
-                                     ("add_zero_attn", add_zero_attn, False), ("kdim", kdim, E), ("vdim", vdim, E),
-                                     ("batch_first", batch_first, False)) if v != d]
+        f"{n}={v!r}" for n, v, d in (("dropout", dropout, 0.0), ("bias", bias, True),
+                                     ("add_bias_kv", add_bias_kv, False), ("add_zero_attn", add_zero_attn, False),
+                                     ("kdim", kdim, E), ("vdim", vdim, E), ("batch_first", batch_first, False))
+        if v != d]
     name = f"MultiheadAttention({', '.join(options)})"
 
     def apply(params, query, key_input, value, /, *, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -148,11 +149,9 @@ def MultiheadAttention(
         q = query @ w_q.T + b_q
         k = key_input @ w_k.T + b_k
         v = value @ w_v.T + b_v
-        extra = []  # per added key column: nothing is masked there
         if add_bias_kv:
             k = jnp.concatenate([k, jnp.broadcast_to(params["bias_k"], (1, N, E)).astype(k.dtype)])
             v = jnp.concatenate([v, jnp.broadcast_to(params["bias_v"], (1, N, E)).astype(v.dtype)])
-            extra.append(1)
 
         # (L, N, E) -> (N, H, L, head_dim)
         q = q.reshape(L, N, H, head_dim).transpose(1, 2, 0, 3)
@@ -161,9 +160,8 @@ def MultiheadAttention(
         if add_zero_attn:
             k = jnp.concatenate([k, jnp.zeros((N, H, 1, head_dim), k.dtype)], axis=2)
             v = jnp.concatenate([v, jnp.zeros((N, H, 1, head_dim), v.dtype)], axis=2)
-            extra.append(1)
-        pad = sum(extra)
         src_len = k.shape[2]
+        pad = src_len - S  # the added key columns (bias_k, zero attention): masked nowhere, as torch pads
 
         scores = (q * math.sqrt(1.0 / head_dim)) @ k.swapaxes(-1, -2)  # (N, H, L, src_len)
         if attn_mask is not None:
