@@ -146,10 +146,33 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
     def apply(params, x, *, key=None, train=False):
         del key, train
         x, unbatched = _as_batched(x, n, in_channels, name)
+        sizes = x.shape[2:]
+        # every shape check before any work on the params
+        if transposed:
+            out = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
+                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, out_pad))
+            if min(out) < 1:
+                raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}; "
+                                 f"padding={shown_padding} crops more than the output has, lower it")
+        else:
+            pad_first = padding_mode != "zeros" and any(lo or hi for lo, hi in pads)
+            if pad_first and padding_mode != "replicate":
+                limit = (lambda size: size) if padding_mode == "circular" else (lambda size: size - 1)
+                for size, (lo, hi) in zip(sizes, pads):
+                    if max(lo, hi) > limit(size):
+                        raise ValueError(
+                            f"{name}: padding {(lo, hi)} is too large for padding_mode={padding_mode!r} on an "
+                            f"input of spatial size {tuple(sizes)}: it must be at most {limit(size)} there")
+            padded = tuple(s + lo + hi for s, (lo, hi) in zip(sizes, pads))
+            span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
+            if any(p < k for p, k in zip(padded, span)):
+                raise ValueError(
+                    f"{name}: padded input size per channel {padded} is smaller than the (dilated) kernel size "
+                    f"{span}; the kernel can't be greater than the input: use a larger input, more padding "
+                    f"or padding='same'")
         w = params["weight"]
         dt = jnp.result_type(x, w)
         x, w = x.astype(dt), w.astype(dt)
-        sizes = x.shape[2:]
         if transposed:
             # The gradient of a strided convolution: dilate the input by stride, pad each side by
             # d*(k-1) - padding (+ output_padding after), and convolve with the kernel flipped and
@@ -159,33 +182,15 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
             w = jnp.flip(w, axis=tuple(range(2, n + 2)))
             conv_pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
                          for d, k, (p, _), op in zip(dilation, kernel, pads, out_pad)]
-            out = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, out_pad))
-            if min(out) < 1:
-                raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}; "
-                                 f"padding={shown_padding} crops more than the output has, lower it")
             y = jax.lax.conv_general_dilated(
                 x, w, window_strides=(1,) * n, padding=conv_pads, lhs_dilation=stride, rhs_dilation=dilation,
                 dimension_numbers=dimension_numbers, feature_group_count=groups,
                 precision=jax.lax.Precision.HIGHEST)
         else:
             conv_pads = list(pads)
-            if padding_mode != "zeros" and any(lo or hi for lo, hi in pads):
-                for size, (lo, hi) in zip(sizes, pads):
-                    limit = size if padding_mode == "circular" else size - 1
-                    if padding_mode != "replicate" and max(lo, hi) > limit:
-                        raise ValueError(
-                            f"{name}: padding {(lo, hi)} is too large for padding_mode={padding_mode!r} on an "
-                            f"input of spatial size {tuple(sizes)}: it must be at most {limit} in that dimension")
+            if pad_first:
                 x = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=_JNP_PAD_MODE[padding_mode])
                 conv_pads = [(0, 0)] * n
-            padded = tuple(s + lo + hi for s, (lo, hi) in zip(sizes, conv_pads))
-            span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
-            if any(p < k for p, k in zip(padded, span)):
-                raise ValueError(
-                    f"{name}: padded input size per channel {padded} is smaller than the (dilated) kernel size "
-                    f"{span}; the kernel can't be greater than the input: use a larger input, more padding "
-                    f"or padding='same'")
             y = jax.lax.conv_general_dilated(
                 x, w, window_strides=stride, padding=conv_pads, rhs_dilation=dilation,
                 dimension_numbers=dimension_numbers, feature_group_count=groups,

@@ -10,6 +10,8 @@ the bins of AdaptiveAvgPool depend only on shapes and are computed with numpy at
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,21 +61,40 @@ def _check_padding(kernel, padding, dilation, name):
                              f"(torch refuses it: a window could hold only padding); lower the padding")
 
 
-def _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name, init, op):
-    """reduce_window of ``op`` over the last ``n`` axes, padded with ``init``, torch's output size."""
-    sizes = x.shape[-n:]
+def _geometry(sizes, kernel, stride, padding, dilation, ceil_mode, name):
+    """torch's output size per axis, and the (left, right) padding that covers every window."""
     out = tuple(_output_size(L, k, s, p, d, ceil_mode)
                 for L, k, s, p, d in zip(sizes, kernel, stride, padding, dilation))
     if min(out) < 1:
         raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}, too small; use a "
                          f"larger input or a smaller kernel_size")
-    # pad right far enough for the last (ceil_mode) window, then cut to torch's size
+    # pad right far enough for the last (ceil_mode) window; the windows past torch's count are cut off
     pads = [(p, max((o - 1) * s + d * (k - 1) + 1 - L - p, p))
             for L, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, out)]
+    return out, pads
+
+
+def _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name, init, op):
+    """reduce_window of ``op`` over the last ``n`` axes, padded with ``init``, torch's output size."""
+    out, pads = _geometry(x.shape[-n:], kernel, stride, padding, dilation, ceil_mode, name)
     lead = x.ndim - n
     y = jax.lax.reduce_window(x, init, op, (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride),
                               [(0, 0)] * lead + pads, window_dilation=(1,) * lead + tuple(dilation))
     return y[(...,) + tuple(slice(0, o) for o in out)], out
+
+
+def _dilated_max(x, n, kernel, stride, padding, dilation, ceil_mode, name, lowest):
+    """Max pooling with dilation > 1, whose reduce_window JAX cannot differentiate: stack the
+    kernel's strided slices and take the first maximum of each window (torch's tie rule)."""
+    out, pads = _geometry(x.shape[-n:], kernel, stride, padding, dilation, ceil_mode, name)
+    lead = x.ndim - n
+    x = jnp.pad(x, [(0, 0)] * lead + pads, constant_values=lowest)
+    taps = [x[(...,) + tuple(slice(i * d, i * d + (o - 1) * s + 1, s)
+                             for i, d, o, s in zip(offset, dilation, out, stride))]
+            for offset in itertools.product(*(range(k) for k in kernel))]
+    taps = jnp.stack(taps, axis=lead)
+    first = jnp.argmax(taps, axis=lead, keepdims=True)
+    return jnp.take_along_axis(taps, first, axis=lead).squeeze(lead)
 
 
 def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ceil_mode) -> Module:
@@ -93,8 +114,10 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
         del params, key, train
         x = _check_input(x, n, name)
         lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+        if any(d > 1 for d in dilation):
+            return _dilated_max(x, n, kernel, stride, padding, dilation, ceil_mode, name, lowest)
         y, _ = _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name,
-                        jnp.array(lowest, x.dtype), jax.lax.max)
+                        np.array(lowest, x.dtype), jax.lax.max)
         return y
 
     return Module(_no_params, apply, name=name)
@@ -114,7 +137,9 @@ def MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices: b
     x: ``(N, C, H, W)`` or ``(C, H, W)`` -> ``(N, C, H_out, W_out)``, ``H_out =
     floor_or_ceil((H + 2*padding - dilation*(kH-1) - 1) / stride) + 1``. ``stride`` defaults to
     ``kernel_size``; padding (at most half the dilated kernel) is -inf, so it never wins.
-    The gradient goes to the maximum of each window (the first one on ties), as torch's.
+    The gradient goes to the first maximum of each window on ties, as torch's (with
+    ``dilation > 1``, whose reduce_window JAX cannot differentiate, the windows are gathered
+    tap by tap instead).
     ``return_indices=True`` is refused.
     """
     return _max_pool(2, "MaxPool2d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
@@ -143,7 +168,7 @@ def _avg_pool(n, cls, name, kernel_size, stride, padding, ceil_mode, count_inclu
         del params, key, train
         x = _check_input(x, n, name)
         total, out = _windows(x, n, kernel, stride, padding, (1,) * n, ceil_mode, name,
-                              jnp.array(0, x.dtype), jax.lax.add)
+                              np.array(0, x.dtype), jax.lax.add)
         if divisor_override is not None:
             return total / jnp.asarray(divisor_override, x.dtype)
         divisor = np.ones((), np.int64)

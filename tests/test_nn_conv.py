@@ -1,0 +1,185 @@
+"""Convolutions against torch: one table of configurations through tests/torch_oracle.check_layer
+(forward, input and weight gradients, state_dict keys/shapes/dtypes, one compile) in train and
+eval mode, float32 and float64; torch's repr; the default init distribution (KS tests against
+torch's draws, as tests/test_init.py); the errors; a conv net loading a torch twin's state_dict.
+
+Tolerances are check_layer's defaults (float32 1e-5 relative / 1e-6 absolute, float64
+1e-10 / 1e-12): a convolution here sums at most ~50 products per output, and weight gradients
+sum ~100 products, far from where float32 rounding reaches 1e-5 relative.
+"""
+
+import math
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from funcnet import nn
+from tests.torch_oracle import check_layer
+
+# (id, class name, args, kwargs, input shape): the same arguments build both layers
+TABLE = [
+    ("2d-basic", "Conv2d", (3, 4, 3), {}, (2, 3, 7, 6)),
+    ("2d-stride2-pad1-unbatched", "Conv2d", (3, 4, 3), dict(stride=2, padding=1), (3, 7, 6)),
+    ("2d-rect-tuples-dilation", "Conv2d", (3, 4, (2, 3)), dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2)),
+     (2, 3, 7, 8)),
+    ("2d-same-groups2", "Conv2d", (4, 6, 3), dict(padding="same", groups=2), (2, 4, 6, 5)),
+    # even kernel with dilation: torch puts the odd extra padding on the right/bottom
+    ("2d-same-even-depthwise", "Conv2d", (4, 4, (2, 4)), dict(padding="same", dilation=(2, 1), groups=4),
+     (2, 4, 6, 7)),
+    ("2d-depthwise-x3-valid-nobias", "Conv2d", (2, 6, 3), dict(groups=2, padding="valid", bias=False),
+     (2, 2, 5, 6)),
+    ("2d-reflect", "Conv2d", (2, 4, 3), dict(padding=2, padding_mode="reflect"), (2, 2, 5, 6)),
+    ("2d-replicate-stride2", "Conv2d", (2, 4, 3), dict(stride=2, padding=(1, 2), padding_mode="replicate"),
+     (2, 2, 5, 6)),
+    ("2d-same-circular", "Conv2d", (2, 3, (2, 3)), dict(padding="same", padding_mode="circular"), (2, 2, 5, 6)),
+    ("1d-stride-dilation-unbatched", "Conv1d", (3, 4, 3), dict(stride=2, padding=1, dilation=2), (3, 9)),
+    ("1d-same-even-depthwise", "Conv1d", (4, 4, 4), dict(padding="same", groups=4, bias=False), (2, 4, 7)),
+    ("3d", "Conv3d", (2, 3, (2, 3, 2)), dict(stride=(1, 2, 1), padding=1), (2, 2, 3, 5, 3)),
+    ("T2d-stride-unbatched", "ConvTranspose2d", (3, 4, 3), dict(stride=2), (3, 4, 3)),
+    ("T2d-stride-outpad-groups", "ConvTranspose2d", (4, 6, 3), dict(stride=2, padding=1, output_padding=1, groups=2),
+     (2, 4, 5, 4)),
+    ("T2d-rect-dilation-nobias", "ConvTranspose2d", (3, 2, (2, 3)),
+     dict(stride=(2, 3), padding=(0, 1), output_padding=(1, 0), dilation=(2, 1), bias=False), (2, 3, 4, 5)),
+    # output_padding < dilation (not < stride) is allowed too
+    ("T2d-outpad-by-dilation", "ConvTranspose2d", (2, 3, 2), dict(output_padding=1, dilation=2), (2, 2, 4, 4)),
+    ("T1d", "ConvTranspose1d", (3, 4, 4), dict(stride=3, padding=2, output_padding=2), (2, 3, 5)),
+]
+IDS = [row[0] for row in TABLE]
+
+
+def _pair(row, dtype=None):
+    _, cls, args, kwargs, _ = row
+    torch.manual_seed(0)
+    ours = getattr(nn, cls)(*args, **kwargs, **({} if dtype is None else {"dtype": jnp.dtype(dtype)}))
+    return ours, getattr(torch.nn, cls)(*args, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("train", [True, False])
+@pytest.mark.parametrize("row", TABLE, ids=IDS)
+def test_conv_equals_torch(row, train, dtype):
+    x = np.random.default_rng(0).standard_normal(row[-1])
+    with jax.enable_x64(dtype == "float64"), warnings.catch_warnings():
+        # torch warns that its asymmetric 'same' padding copies the input
+        warnings.filterwarnings("ignore", "Using padding='same'", UserWarning)
+        ours, theirs = _pair(row, dtype)
+        check_layer(ours, theirs, [x], train=train, dtype=dtype)
+
+
+@pytest.mark.parametrize("row", TABLE, ids=IDS)
+def test_name_is_torch_repr(row):
+    ours, theirs = _pair(row)
+    assert ours.name == repr(theirs)
+
+
+def _ks(a, b):
+    # asymptotic p-value: scipy's exact one costs O(n*m) for samples under 10k
+    return stats.ks_2samp(np.ravel(a), np.ravel(b), method="asymp").pvalue
+
+
+INIT = [
+    # (class, args, fan_in): torch's fan_in is weight.shape[1] * prod(kernel)
+    ("Conv2d", (8, 16, (3, 2), 1, 0, 1, 4), 2 * 6),  # groups=4: fan_in counts in_channels/groups
+    ("ConvTranspose2d", (16, 8, 3, 1, 0, 0, 2), 4 * 9),  # weight (in, out/groups, k, k): fan_in counts out/groups
+]
+
+
+@pytest.mark.parametrize("cls,args,fan_in", INIT, ids=[f"{c}{a}" for c, a, _ in INIT])
+def test_default_init_matches_torch(cls, args, fan_in):
+    # KS against torch's draws, as tests/test_init.py; a closed-form bound as a second oracle
+    torch.manual_seed(0)
+    layers = [getattr(torch.nn, cls)(*args) for _ in range(64)]
+    t_weight = np.concatenate([t.weight.detach().numpy().ravel() for t in layers])
+    t_bias = np.concatenate([t.bias.detach().numpy() for t in layers])
+    params = jax.jit(jax.vmap(getattr(nn, cls)(*args).init))(jax.random.split(jax.random.key(1), 64))
+    assert params["weight"].shape[1:] == tuple(layers[0].weight.shape)
+    w, b = np.asarray(params["weight"]).ravel(), np.asarray(params["bias"]).ravel()
+    bound = 1 / math.sqrt(fan_in)  # kaiming_uniform(a=sqrt(5)): gain sqrt(1/3) * sqrt(3/fan_in)
+    for ours, theirs in ((w, t_weight), (b, t_bias)):
+        assert np.abs(ours).max() <= bound and np.abs(ours).max() > 0.98 * bound
+        assert _ks(ours, theirs) > 1e-3
+    assert _ks(w * 1.1, t_weight) < 1e-3  # the same test sees a 10% wrong scale
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_conv_net_loads_torch_state_dict_and_matches(train):
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                 torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 5))
+    ours = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(4 * 3 * 3, 5))
+    x = np.random.default_rng(0).standard_normal((2, 2, 7, 6))
+    # check_layer asserts the keys "0.weight", "0.bias", "4.weight", "4.bias" load with no renaming
+    check_layer(ours, theirs, [x], train=train)
+
+
+ERRORS = [
+    (lambda: nn.Conv2d(3, 8, 3, groups=2), "in_channels=3 is not divisible by groups=2"),
+    (lambda: nn.Conv2d(4, 9, 3, groups=2), "out_channels=9 is not divisible by groups=2"),
+    (lambda: nn.Conv2d(4, 8, 3, stride=2, padding="same"), r"padding='same' needs stride=1.*padding=\(1, 1\)"),
+    (lambda: nn.Conv2d(4, 8, 3, padding="full"), "padding must be 'same', 'valid', an int or a tuple of ints, "
+                                                 "got 'full'"),
+    (lambda: nn.Conv2d(4, 8, 3, padding=-1), "padding must be an int >= 0 or a tuple of 2 such ints, got -1"),
+    (lambda: nn.Conv2d(4, 8, 0), "kernel_size must be an int >= 1"),
+    (lambda: nn.Conv2d(4, 8, (3, 3, 3)), r"kernel_size must be .* tuple of 2 such ints, got \(3, 3, 3\)"),
+    (lambda: nn.Conv2d(4, 8, 3, stride=0), "stride must be an int >= 1"),
+    (lambda: nn.Conv2d(0, 8, 3), "in_channels must be a positive int, got 0"),
+    (lambda: nn.Conv2d(4, 8, 3, padding_mode="mirror"), "padding_mode must be one of .*got 'mirror'"),
+    (lambda: nn.ConvTranspose2d(4, 8, 3, padding_mode="reflect"), "only padding_mode='zeros'"),
+    (lambda: nn.ConvTranspose2d(4, 8, 3, padding="same"), "padding must be an int or a tuple of ints, got 'same'"),
+    (lambda: nn.ConvTranspose2d(4, 8, 3, stride=2, output_padding=2),
+     r"output_padding=\(2, 2\) must be smaller than either stride=\(2, 2\) or dilation=\(1, 1\)"),
+]
+
+
+@pytest.mark.parametrize("build,message", ERRORS, ids=[m[:30] for _, m in ERRORS])
+def test_bad_constructor_arguments_fail_at_build_time(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def _apply(layer, shape):
+    # shapes only: the checks run at trace time, nothing is compiled
+    params = jax.eval_shape(layer.init, jax.random.key(0))
+    return jax.eval_shape(layer.apply, params, jax.ShapeDtypeStruct(shape, jnp.float32))
+
+
+def test_bad_inputs_fail_with_the_expected_shape():
+    conv = nn.Conv2d(3, 8, 3)
+    with pytest.raises(ValueError, match=r"expected a 3D \(unbatched\) input \(C, H, W\) or a 4D \(batched\) input "
+                                         r"\(N, C, H, W\), got shape \(5, 5\)"):
+        _apply(conv, (5, 5))
+    with pytest.raises(ValueError, match=r"shape \(2, 4, 5, 5\) has 4 channels in axis 1, expected in_channels=3"):
+        _apply(conv, (2, 4, 5, 5))
+    with pytest.raises(ValueError, match=r"shape \(5, 5, 3\) has 5 channels in axis 0, expected in_channels=3.*"
+                                         r"channels-first"):
+        _apply(conv, (5, 5, 3))
+    with pytest.raises(ValueError, match=r"padded input size per channel \(2, 2\) is smaller than the \(dilated\) "
+                                         r"kernel size \(3, 3\)"):
+        _apply(conv, (1, 3, 2, 2))
+    assert _apply(conv, (1, 3, 3, 3)).shape == (1, 8, 1, 1)  # the boundary case is allowed
+    with pytest.raises(ValueError, match=r"\(6,\) is smaller than the \(dilated\) kernel size \(7,\)"):
+        _apply(nn.Conv1d(3, 2, 3, padding=1, dilation=3), (3, 4))
+    with pytest.raises(ValueError, match=r"padding \(2, 2\) is too large for padding_mode='reflect'.*at most 1"):
+        _apply(nn.Conv2d(3, 2, 3, padding=2, padding_mode="reflect"), (3, 2, 6))
+    with pytest.raises(ValueError, match=r"gives output size \(-1, 0\)"):
+        _apply(nn.ConvTranspose2d(3, 2, 1, padding=1), (3, 1, 2))
+
+
+def test_building_conv_and_pooling_layers_does_not_start_the_backend():
+    # as tests/test_nn_contract.py: jax_num_cpu_devices can only change before the backend starts
+    import subprocess
+    import sys
+    code = ("import jax; from funcnet import nn; "
+            "m = nn.Sequential(nn.Conv2d(3, 4, 3, padding='same', padding_mode='reflect'), nn.MaxPool2d(2), "
+            "nn.ConvTranspose2d(4, 2, 3, 2, 1, 1), nn.AvgPool2d(3, 1, 1, divisor_override=2), "
+            "nn.AdaptiveAvgPool2d((3, None)), nn.Conv1d(2, 2, 2), nn.MaxPool1d(2), nn.AvgPool1d(2)); "
+            "jax.config.update('jax_num_cpu_devices', 3); print(len(jax.devices()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+    assert out.stdout.strip() == "3"
