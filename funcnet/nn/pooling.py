@@ -17,23 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.nn.activation import _no_params
+from funcnet.nn.conv import _ntuple
 from funcnet.nn.module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d"]
 
 _SHAPES = {1: ("(C, L)", "(N, C, L)"), 2: ("(C, H, W)", "(N, C, H, W)")}
-
-
-def _ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...]:
-    values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
-    try:
-        values = tuple(values)
-    except TypeError:
-        values = None
-    if (values is None or len(values) != n
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
-        raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
-    return values
 
 
 def _check_input(x, n: int, name: str):
