@@ -45,3 +45,165 @@ def test_label_errors_name_shape_and_dtype():
         losses.cross_entropy(logits, jnp.zeros((8,), jnp.int32), reduction="avg")
     with pytest.raises(ValueError, match=r"pred of shape \(3,\) and target of shape \(4,\)"):
         losses.mse_loss(jnp.zeros(3), jnp.zeros(4))
+
+
+# ---------------------------------------------------------------------------------------------
+# The table: every loss x reduction x options against torch.nn.functional, values and gradients
+# (jax.vjp with a fixed cotangent vs torch's backward of the same), float32 and float64.
+
+import jax  # noqa: E402
+
+N, C = 6, 5
+_rng = np.random.default_rng(7)
+LOGITS = _rng.normal(0, 2, (N, C))
+LABELS = np.array([0, 4, 2, 2, 1, 3])
+LABELS_IGN = np.array([0, -100, 2, 2, -100, 3])  # torch's default ignore_index
+LABELS_IGN2 = np.array([0, 4, 2, 2, 1, 2])  # ignore_index=2 inside [0, C)
+WEIGHT = np.array([0.5, 2.0, 1.0, 0.1, 3.0])
+PROBS = _rng.dirichlet(np.ones(C), N)
+LOGITS_4D = _rng.normal(0, 2, (2, C, 3, 2))  # torch's (N, C, d1, d2)
+LABELS_4D = np.array([[[0, 1], [4, -100], [2, 2]], [[3, 3], [1, 0], [-100, 4]]])
+PROBS_4D = np.moveaxis(_rng.dirichlet(np.ones(C), (2, 3, 2)), -1, 1)
+LOGITS_BTV = _rng.normal(0, 2, (2, 3, C))  # a GPT's (B, T, V), classes last
+LABELS_BT = np.array([[0, 1, 4], [2, -100, 3]])
+X = _rng.normal(0, 1.5, (4, 3))
+Y = _rng.normal(0, 1.5, (4, 3))
+T01 = _rng.uniform(0, 1, (4, 3))  # soft binary targets
+BIN = (_rng.uniform(0, 1, (4, 3)) > 0.5).astype(float)
+W_BCE = _rng.uniform(0.2, 2, (4, 1))  # broadcasts over classes
+POS_W = np.array([0.5, 3.0, 1.0])  # one per class, broadcast along the last axis
+
+FT = F.cross_entropy
+CASES = [
+    # id, ours(*args, reduction), torch(*args, reduction), args, the differentiated args (torch has no
+    # gradient for weight and pos_weight)
+    ("ce", lambda x, y, r: losses.cross_entropy(x, y, reduction=r),
+     lambda x, y, r: FT(x, y, reduction=r), (LOGITS, LABELS), (0,)),
+    ("ce-weight", lambda x, y, w, r: losses.cross_entropy(x, y, w, reduction=r),
+     lambda x, y, w, r: FT(x, y, w, reduction=r), (LOGITS, LABELS, WEIGHT), (0,)),
+    ("ce-ignore", lambda x, y, r: losses.cross_entropy(x, y, reduction=r),
+     lambda x, y, r: FT(x, y, reduction=r), (LOGITS, LABELS_IGN), (0,)),
+    ("ce-ignore2-weight", lambda x, y, w, r: losses.cross_entropy(x, y, w, ignore_index=2, reduction=r),
+     lambda x, y, w, r: FT(x, y, w, ignore_index=2, reduction=r), (LOGITS, LABELS_IGN2, WEIGHT), (0,)),
+    ("ce-smooth", lambda x, y, r: losses.cross_entropy(x, y, reduction=r, label_smoothing=0.1),
+     lambda x, y, r: FT(x, y, reduction=r, label_smoothing=0.1), (LOGITS, LABELS), (0,)),
+    ("ce-smooth-weight-ignore", lambda x, y, w, r: losses.cross_entropy(x, y, w, reduction=r, label_smoothing=0.3),
+     lambda x, y, w, r: FT(x, y, w, reduction=r, label_smoothing=0.3), (LOGITS, LABELS_IGN, WEIGHT), (0,)),
+    ("ce-probs", lambda x, p, r: losses.cross_entropy(x, p, reduction=r),
+     lambda x, p, r: FT(x, p, reduction=r), (LOGITS, PROBS), (0, 1)),
+    ("ce-probs-weight-smooth", lambda x, p, w, r: losses.cross_entropy(x, p, w, reduction=r, label_smoothing=0.2),
+     lambda x, p, w, r: FT(x, p, w, reduction=r, label_smoothing=0.2), (LOGITS, PROBS, WEIGHT), (0, 1)),
+    ("ce-NCd-axis1-weight-ignore-smooth",
+     lambda x, y, w, r: losses.cross_entropy(x, y, w, reduction=r, label_smoothing=0.1, class_axis=1),
+     lambda x, y, w, r: FT(x, y, w, reduction=r, label_smoothing=0.1), (LOGITS_4D, LABELS_4D, WEIGHT), (0,)),
+    ("ce-NCd-axis1-probs", lambda x, p, r: losses.cross_entropy(x, p, reduction=r, class_axis=1),
+     lambda x, p, r: FT(x, p, reduction=r), (LOGITS_4D, PROBS_4D), (0, 1)),
+    ("ce-BTV-classes-last", lambda x, y, w, r: losses.cross_entropy(x, y, w, reduction=r),
+     lambda x, y, w, r: FT(x.permute(0, 2, 1), y, w, reduction=r), (LOGITS_BTV, LABELS_BT, WEIGHT), (0,)),
+    ("ce-unbatched", lambda x, y, r: losses.cross_entropy(x, y, reduction=r, label_smoothing=0.1),
+     lambda x, y, r: FT(x, y, reduction=r, label_smoothing=0.1), (LOGITS[0], np.array(3)), (0,)),
+    ("nll", lambda x, y, r: losses.nll_loss(x, y, reduction=r),
+     lambda x, y, r: F.nll_loss(x, y, reduction=r), (LOGITS, LABELS), (0,)),
+    ("nll-weight-ignore", lambda x, y, w, r: losses.nll_loss(x, y, w, reduction=r),
+     lambda x, y, w, r: F.nll_loss(x, y, w, reduction=r), (LOGITS, LABELS_IGN, WEIGHT), (0,)),
+    ("nll-NCd-axis1-ignore2", lambda x, y, w, r: losses.nll_loss(x, y, w, ignore_index=2, reduction=r, class_axis=1),
+     lambda x, y, w, r: F.nll_loss(x, y, w, ignore_index=2, reduction=r), (LOGITS_4D, np.abs(LABELS_4D) % C, WEIGHT), (0,)),
+    ("mse", lambda a, b, r: losses.mse_loss(a, b, reduction=r),
+     lambda a, b, r: F.mse_loss(a, b, reduction=r), (X, Y), (0, 1)),
+    ("l1", lambda a, b, r: losses.l1_loss(a, b, reduction=r),
+     lambda a, b, r: F.l1_loss(a, b, reduction=r), (X, Y), (0, 1)),
+    ("bce", lambda x, t, r: losses.binary_cross_entropy_with_logits(x, t, reduction=r),
+     lambda x, t, r: F.binary_cross_entropy_with_logits(x, t, reduction=r), (X, T01), (0, 1)),
+    ("bce-weight", lambda x, t, w, r: losses.binary_cross_entropy_with_logits(x, t, w, reduction=r),
+     lambda x, t, w, r: F.binary_cross_entropy_with_logits(x, t, w, reduction=r), (X, BIN, W_BCE), (0,)),
+    ("bce-pos_weight", lambda x, t, pw, r: losses.binary_cross_entropy_with_logits(x, t, reduction=r, pos_weight=pw),
+     lambda x, t, pw, r: F.binary_cross_entropy_with_logits(x, t, reduction=r, pos_weight=pw),
+     (X, T01, POS_W), (0, 1)),
+    ("bce-weight-pos_weight",
+     lambda x, t, w, pw, r: losses.binary_cross_entropy_with_logits(x, t, w, reduction=r, pos_weight=pw),
+     lambda x, t, w, pw, r: F.binary_cross_entropy_with_logits(x, t, w, reduction=r, pos_weight=pw),
+     (X, BIN, W_BCE, POS_W), (0,)),
+]
+TOL = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-10, atol=1e-12)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_loss_table_equals_torch(case, reduction, dtype):
+    _, ours, theirs, args, diff = case
+    args = [a.astype(dtype) if a.dtype.kind == "f" else a for a in args]
+    t_args = [torch.from_numpy(a.copy()).requires_grad_(i in diff) for i, a in enumerate(args)]
+    t_out = theirs(*t_args, reduction)
+    cot = np.random.default_rng(1).standard_normal(tuple(t_out.shape)).astype(dtype)
+    (t_out * torch.from_numpy(cot)).sum().backward()
+    with jax.enable_x64(dtype == "float64"):
+        j_args = [jnp.asarray(a) for a in args]
+
+        def f(*d):
+            full = list(j_args)
+            for i, v in zip(diff, d):
+                full[i] = v
+            return ours(*full, reduction)
+
+        def value_and_vjp(*d):  # jitted: one compile per case (eager op-by-op compiles cost more), as a step runs
+            out, vjp = jax.vjp(f, *d)
+            return out, vjp(jnp.asarray(cot))
+
+        out, grads = jax.jit(value_and_vjp)(*[j_args[i] for i in diff])
+        assert out.dtype == np.dtype(dtype) and out.shape == tuple(t_out.shape)
+        np.testing.assert_allclose(np.asarray(out), t_out.detach().numpy(), err_msg="loss", **TOL[dtype])
+        for i, g in zip(diff, grads):
+            np.testing.assert_allclose(np.asarray(g), t_args[i].grad.numpy(), err_msg=f"gradient of arg {i}",
+                                       **TOL[dtype])
+
+
+def test_weighted_mean_closed_form():
+    # the weighted mean divides by the summed weights of the non-ignored targets, not by N
+    logits = jnp.zeros((3, 2))  # log p = log(1/2) everywhere
+    w = jnp.array([1.0, 3.0])
+    got = losses.cross_entropy(logits, jnp.array([0, 1, -100]), w)
+    np.testing.assert_allclose(float(got), np.log(2.0), rtol=1e-6)  # (1 + 3) log 2 / (1 + 3)
+    got = losses.cross_entropy(logits, jnp.array([0, 1, -100]), w, reduction="sum")
+    np.testing.assert_allclose(float(got), 4 * np.log(2.0), rtol=1e-6)
+
+
+def test_all_ignored_mean_is_nan_as_torch():
+    labels = np.full(3, -100)
+    assert torch.isnan(F.cross_entropy(torch.zeros(3, 4), torch.from_numpy(labels)))
+    assert np.isnan(float(losses.cross_entropy(jnp.zeros((3, 4)), jnp.asarray(labels))))
+
+
+@pytest.mark.parametrize("fn", [losses.cross_entropy, losses.nll_loss], ids=["cross_entropy", "nll_loss"])
+def test_out_of_range_label_raises_eagerly_and_is_nan_under_jit(fn):
+    logits = jnp.asarray(LOGITS, jnp.float32)
+    for bad in (5, -1, 100):
+        labels = jnp.asarray(LABELS).at[1].set(bad)
+        with pytest.raises(ValueError, match=rf"labels \[{bad}\] are outside the 5 classes \[0, 4\] and are not "
+                                             r"ignore_index=-100"):
+            fn(logits, labels)
+        for reduction in ("mean", "sum"):
+            assert np.isnan(float(jax.jit(lambda x, y: fn(x, y, reduction=reduction))(logits, labels)))
+        per = np.asarray(jax.jit(lambda x, y: fn(x, y, reduction="none"))(logits, labels))
+        assert np.isnan(per[1]) and np.isfinite(np.delete(per, 1)).all()
+    # an out-of-range value that *is* the ignore_index is ignored, not an error
+    assert np.isfinite(float(fn(logits, jnp.asarray(LABELS).at[1].set(-7), ignore_index=-7)))
+
+
+def test_torch_layout_hint_and_argument_errors():
+    with pytest.raises(ValueError, match=r"expected integer class indices of shape \(2, 5\).*pass class_axis=1"):
+        losses.cross_entropy(jnp.zeros((2, 5, 3)), jnp.zeros((2, 3), jnp.int32))
+    with pytest.raises(ValueError, match=r"weight of shape \(4,\) must have one entry per class, expected shape \(5,\)"):
+        losses.cross_entropy(jnp.zeros((2, 5)), jnp.zeros(2, jnp.int32), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\], got 1.5"):
+        losses.cross_entropy(jnp.zeros((2, 5)), jnp.zeros(2, jnp.int32), label_smoothing=1.5)
+    with pytest.raises(ValueError, match=r"class_axis=2 is not an axis of logits of shape \(2, 5\)"):
+        losses.cross_entropy(jnp.zeros((2, 5)), jnp.zeros(2, jnp.int32), class_axis=2)
+    with pytest.raises(ValueError, match="reduction must be one of"):
+        losses.cross_entropy(jnp.zeros((2, 5)), jnp.zeros((2, 5)), reduction="avg")
+    with pytest.raises(ValueError, match=r"input of shape \(4, 3\) and target of shape \(4,\) differ"):
+        losses.binary_cross_entropy_with_logits(jnp.zeros((4, 3)), jnp.zeros(4))
+    with pytest.raises(ValueError, match=r"pos_weight of shape \(2,\) does not broadcast to the input's shape \(4, 3\)"):
+        losses.binary_cross_entropy_with_logits(jnp.zeros((4, 3)), jnp.zeros((4, 3)), pos_weight=jnp.ones(2))
+    with pytest.raises(ValueError, match=r"l1_loss: pred of shape \(3,\) and target of shape \(4,\) differ"):
+        losses.l1_loss(jnp.zeros(3), jnp.zeros(4))
