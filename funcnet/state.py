@@ -127,10 +127,32 @@ def tied_keys(params: Any) -> dict[str, str]:
     return out
 
 
-def _as_array(value):
+def _as_array(value, key: str = "?"):
     if hasattr(value, "detach"):  # a torch tensor; torch is never imported here
-        value = value.detach().cpu().numpy()
+        if getattr(value, "is_meta", False):
+            raise StateDictError(f"load_state_dict: {key} is a meta tensor (a shape without data); load real "
+                                 f"weights, e.g. torch.load(path, map_location='cpu'), not a model built on "
+                                 f"device='meta'")
+        if getattr(value, "is_sparse", False) or "sparse" in str(getattr(value, "layout", "")):
+            raise StateDictError(f"load_state_dict: {key} is a sparse tensor ({value.layout}); pass "
+                                 f"tensor.to_dense()")
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":  # numpy has no bfloat16; float32 holds it exactly
+            value = value.float()
+        value = value.numpy()
     return np.asarray(value)
+
+
+def _convert(key: str, value: np.ndarray, leaf, mismatched: list):
+    """``value`` in the template leaf's dtype, or None with the reason added to ``mismatched``."""
+    dtype = jnp.result_type(leaf)
+    if np.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        mismatched.append(f"{key}: holds {value.dtype} values but the model's parameter is {np.dtype(dtype).name} "
+                          f"(the imaginary part would be dropped); pass tensor.real if that is intended")
+        return None
+    # A copy: on CPU jnp.asarray may alias a numpy buffer, and a torch tensor's numpy view
+    # shares torch's storage, which torch mutates in place (BatchNorm's running statistics).
+    return jnp.array(value, dtype=dtype, copy=True)
 
 
 def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, state: Any = None) -> Any:
@@ -156,17 +178,21 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
     for k, leaf in template.items():
         if k not in sd:
             continue
-        value = _as_array(sd[k])
+        value = _as_array(sd[k], k)
         if tuple(value.shape) != tuple(jnp.shape(leaf)):
             mismatched.append(f"{k}: expected shape {tuple(jnp.shape(leaf))}, got {tuple(value.shape)}")
             continue
         if k in ties:
-            if ties[k] in sd and not np.array_equal(value, _as_array(sd[ties[k]])):
+            if ties[k] in sd and not np.array_equal(value, _as_array(sd[ties[k]], ties[k])):
                 mismatched.append(f"{k}: is tied to {ties[k]} in this model but holds different values")
             elif ties[k] not in sd:
-                values[ties[k]] = jnp.array(value, dtype=jnp.result_type(leaf), copy=True)
+                converted = _convert(k, value, leaf, mismatched)
+                if converted is not None:
+                    values[ties[k]] = converted
             continue
-        values[k] = jnp.array(value, dtype=jnp.result_type(leaf), copy=True)
+        converted = _convert(k, value, leaf, mismatched)
+        if converted is not None:
+            values[k] = converted
 
     problems = []
     if strict and missing:
