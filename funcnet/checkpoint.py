@@ -23,9 +23,19 @@ Guarantees:
   fsync-ed, then renamed (``os.replace``), and the directory is fsync-ed. A crash at
   any point leaves either the old set of checkpoints or the old set plus the new one,
   never a half-written ``step_*.ckpt``; leftover temporary files are ignored and
-  removed by the next save.
+  removed by the next save (only those of dead processes: a temporary file names its
+  writer's PID, and a live writer's file is never touched). A failed write (full disk,
+  read-only folder) raises an ``OSError`` naming the file and saying that the previous
+  checkpoints are kept.
+- One run per directory: ``lock(directory)`` takes an exclusive ``flock`` on
+  ``directory/.lock`` (``funcnet train`` holds it for the whole run); a second taker gets
+  ``CheckpointLockedError`` naming the folder and the holder's PID at once.
 - Verified: a header carries the payload's length and SHA-256; a truncated or
-  corrupted file raises ``CheckpointError`` naming the file, never a decoder traceback.
+  corrupted file raises ``CheckpointError`` naming the file, never a decoder traceback;
+  so does a file whose name's step differs from the step stored inside it (renamed).
+- Strict JSON: metadata is written with ``allow_nan=False``; non-finite floats in it are
+  stored as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``float()`` and numpy
+  read them back).
 - Strict: ``restore`` compares the saved leaves with the template's, path by path
   (``params/0/weight``, ``opt_state/0/mu/0/bias``, ``key``), and reports every missing
   path, unexpected path and shape / dtype / key-type mismatch in one error.
@@ -62,17 +72,84 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-__all__ = ["CheckpointError", "save", "restore", "read_metadata", "latest_step", "all_steps", "checkpoint_path"]
+__all__ = ["CheckpointError", "CheckpointLockedError", "save", "restore", "read_metadata", "latest_step",
+           "all_steps", "checkpoint_path", "lock"]
 
 _MAGIC = b"FUNCNET-CKPT"
 _VERSION = 1
 _HEADER = struct.Struct(">12sIQ32s")  # magic, format version, payload length, sha256(payload)
 _NAME = re.compile(r"^step_(\d+)\.ckpt$")
-_TMP = re.compile(r"^\.step_\d+\.ckpt\.tmp-")
+_TMP = re.compile(r"^\.step_\d+\.ckpt\.tmp-(\d+)-")
+LOCK_NAME = ".lock"
 
 
 class CheckpointError(ValueError):
     """A missing, corrupt, truncated or mismatched checkpoint; the message names the file and the fix."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another process holds the directory's lock (``lock``); the message names the folder and its PID."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0  # someone else's live process (or a name we cannot judge: keep the file)
+    return True
+
+
+class lock:
+    """Exclusive lock on a checkpoint directory, for one run at a time: a context manager
+    (``with checkpoint.lock(d): ...``) or ``acquire()`` / ``release()``.
+
+    ``fcntl.flock`` on ``directory/.lock`` (created, with the directory, if missing; the holder
+    writes its PID there). The kernel drops the lock when the holder exits, however it dies, so
+    a stale ``.lock`` file never blocks. A second taker, in this or another process, gets
+    ``CheckpointLockedError`` at once; no waiting. No-op where ``fcntl`` is missing (Windows).
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self._fd = None
+
+    def acquire(self) -> "lock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - Windows
+            return self
+        path = self.directory / LOCK_NAME
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot lock checkpoint folder {self.directory}: {e.strerror} ({path}); "
+                                   f"pass a folder this user can write") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise CheckpointLockedError(
+                f"checkpoint folder {self.directory} is in use by another run (process {holder} holds "
+                f"{path}); wait for it to finish, stop it, or use another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays for the next holder
+            self._fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
@@ -143,7 +220,11 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"save: {directory} exists and is not a directory; pass a directory path")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"save: cannot create checkpoint folder {directory}: {e.strerror}; pass a "
+                               f"folder this user can write") from None
     newest = latest_step(directory)
     if newest is not None and step < newest:
         raise CheckpointError(
@@ -151,8 +232,10 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
             f"a checkpoint directory holds one run: use an empty directory or resume from step {newest}"
         )
     try:
-        meta_text = json.dumps({} if metadata is None else metadata, allow_nan=True)
-    except TypeError as e:
+        from funcnet.guards import json_safe
+
+        meta_text = json.dumps(json_safe({} if metadata is None else metadata), allow_nan=False)
+    except (TypeError, ValueError) as e:
         raise TypeError(f"save: metadata must be JSON-serialisable ({e}); convert arrays with .tolist()") from None
 
     arrays, key_impls = {}, {}
@@ -169,7 +252,8 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
     header = _HEADER.pack(_MAGIC, _VERSION, len(payload), hashlib.sha256(payload).digest())
 
     for stale in os.listdir(directory):
-        if _TMP.match(stale):  # left by a writer that died before its rename
+        m = _TMP.match(stale)
+        if m and not _pid_alive(int(m.group(1))):  # left by a writer that died before its rename
             (directory / stale).unlink(missing_ok=True)
     final = checkpoint_path(directory, step)
     tmp = directory / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -180,10 +264,15 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)
-    except BaseException:
+        _fsync_dir(directory)
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            kept = (f"the previous checkpoints are kept (newest: step {newest})" if newest is not None
+                    else "nothing was saved there before")
+            raise OSError(e.errno, f"save: could not write checkpoint step {step} to {final}: "
+                                   f"{e.strerror or e}; {kept}") from e
         raise
-    _fsync_dir(directory)
 
     if keep is not None:
         for old in all_steps(directory)[:-keep]:
@@ -203,6 +292,11 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _resolve(directory, step) -> Path:
+    if step is not None:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise TypeError(f"restore: step must be an int or None (the latest), got {step!r} "
+                            f"({type(step).__name__}); pass step={int(step) if str(step).isdigit() else 3}")
+        step = int(step)
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"no checkpoint directory {directory}; pass the --checkpoint-dir / directory "
@@ -242,6 +336,11 @@ def _read(path: Path) -> dict:
         content["metadata"] = json.loads(content["metadata"])
     except Exception as e:  # checksum matched, so this is a writer bug or a foreign file
         raise CheckpointError(f"{path} passed its checksum but could not be decoded ({type(e).__name__}: {e})") from e
+    named = _NAME.match(path.name)
+    if named and int(named.group(1)) != content["step"]:
+        raise CheckpointError(f"{path} holds step {content['step']} but its name says step {int(named.group(1))} "
+                              f"(renamed by hand?); rename it to {checkpoint_path(path.parent, content['step']).name} "
+                              f"or delete it")
     return content
 
 
