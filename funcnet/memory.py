@@ -316,11 +316,20 @@ def _parse_sizes(text: str) -> list[int]:
         raise ValueError(f"--sizes {text!r}: expected positive ints separated by commas, e.g. 784,128,10") from None
 
 
+_COUNT_MAX = 10**30
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, like funcnet train's errors, instead of argparse's usage block.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``funcnet memory``: print the estimate table; returns the exit status."""
     from rich.console import Console
 
-    parser = argparse.ArgumentParser(prog="funcnet memory", description="Estimate the memory of one training step.")
+    parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
     parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes)")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
     parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
@@ -337,9 +346,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         act = parse_count(args.activations)
         if (sizes is None) != (args.batch is None):
             raise ValueError("--sizes and --batch go together: activations need the layer sizes and the batch size")
+        for flag, value in (("--params", n), ("--activations", act)):
+            if value > _COUNT_MAX:  # past this the table's float formatting overflows
+                raise ValueError(f"{flag} {getattr(args, flag[2:])} is about 1e{len(str(value)) - 1}, beyond what this table shows "
+                                 f"(at most 1e30); pass a realistic size such as 7B or 20e9")
+        if args.batch is not None and args.batch <= 0:
+            raise ValueError(f"--batch must be a positive integer, got {args.batch}")
         kw = {} if sizes is None else {"sizes": sizes, "batch": args.batch}
         est = estimate(n, args.optimizer, activations=act, **kw, **PRECISIONS[args.precision])
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         parser.error(str(e))
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
     Console().print(format_table(est, n_params=n, title=title))
