@@ -4,12 +4,39 @@
 ``OUT/metrics.json`` (no timings, so the same seed gives the same file),
 ``OUT/params.npz`` (state_dict keys) and ``OUT/loss.png``. Bad input is reported
 in one line with a non-zero exit status, never a traceback.
+
+Nothing the user had is lost:
+
+- ``--out`` and ``--checkpoint-dir`` are checked (created, written to, locked) before any
+  data is loaded. The three outputs are written into a hidden folder beside ``--out`` and
+  swapped in as a whole (``renameat2(RENAME_EXCHANGE)`` on Linux), so ``--out`` holds the
+  previous complete set or the new one, never a mix, whenever the run is killed. Hence
+  ``--out`` must be a folder of its own (holding nothing but those three files).
+- ``--checkpoint-dir`` is locked for the whole run (``funcnet.checkpoint.lock``): a
+  second run on it exits at once, naming the folder and the PID holding it.
+- ``--resume auto`` resumes when the folder holds a checkpoint and starts fresh when it
+  does not: the one command line a job scheduler can restart as often as it likes.
+- A NaN or infinite loss stops the run (exit 3) before it is checkpointed, so the last
+  checkpoint is the last good one. JSON files hold no NaN/Infinity (strict JSON; a
+  non-finite number would be written as the string "NaN"/"Infinity").
+- SIGTERM: with ``--checkpoint-dir`` the run saves a checkpoint at the next epoch end
+  (or ``--checkpoint-every`` boundary) and exits 143; ``--resume auto`` then continues
+  bit for bit. Without one it exits 143 at once. Ctrl-C (SIGINT) exits 130 keeping the
+  last checkpoint. Either way ``--out`` is left as it was.
+
+Exit status: 0 done; 2 bad input or an I/O error (one line on stderr); 3 the loss became
+NaN/Inf; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import secrets
+import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,8 +52,17 @@ _NOT_YET: dict[str, tuple] = {}
 _NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every")
 
 
+EXIT_ERROR, EXIT_NONFINITE, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 3, 130, 143
+OUTPUTS = ("metrics.json", "params.npz", "loss.png")
+SEED_MAX = 2**32 - 1  # scikit-learn's and numpy's legacy seeds are 32-bit
+
+
 class UsageError(ValueError):
     """A bad flag value; printed as one line."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no ``except Exception`` swallows it."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,11 +91,30 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {value}")
+    return value
+
+
+def _resume_mode(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"expected nothing or 'auto', got {text!r}")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train an MLP and write metrics.json, params.npz and loss.png")
+    t = sub.add_parser("train", help="train an MLP and write metrics.json, params.npz and loss.png",
+                       epilog="exit status: 0 done, 2 bad input or I/O error, 3 non-finite loss, "
+                              "130 interrupted (SIGINT), 143 terminated (SIGTERM; checkpoint saved "
+                              "when --checkpoint-dir is given)")
     t.add_argument("--dataset", choices=["digits", "mnist", "synthetic"], default="digits")
     t.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (--dataset mnist)")
     t.add_argument("--epochs", type=_positive_int, default=20)
@@ -71,14 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     t.add_argument("--devices", type=_positive_int, default=1)
     t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=_seed, default=0)
     t.add_argument("--checkpoint-dir", default=None,
                    help="save the whole training state there after every epoch (keeps the newest 3)")
     t.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
                    help="also save every N steps inside an epoch (needs --checkpoint-dir)")
-    t.add_argument("--resume", action="store_true",
-                   help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted")
-    t.add_argument("--out", default="runs/train", help="output folder (created if missing)")
+    t.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
+                   help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted; "
+                        "--resume auto also starts a fresh run when there is none yet (restart-safe)")
+    t.add_argument("--out", default="runs/train",
+                   help="output folder of its own (created if missing; replaced as a whole when the run ends)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("info", help="print both framework stacks on this machine")
@@ -110,56 +167,324 @@ def _precision(args):
 
 
 def train_command(args) -> dict:
-    import jax
-    import numpy as np
-    import optax
-
-    from funcnet import data, nn, state_dict, train
-
     _reject_unsupported(args)
     _check_flags(args)
     policy, loss_scale = _precision(args)
     data_parallel = args.devices > 1 or args.parallel is not None
     if data_parallel:
         _parallel_flags(args)
+    _check_backend()
+    run = _Run(args)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(run.signals())
+        outputs = _Outputs(Path(args.out))
+        stack.callback(outputs.discard)
+        outputs.prepare()  # --out is writable: before any data is loaded or training starts
+        if args.checkpoint_dir is not None:
+            from funcnet import checkpoint
+
+            stack.enter_context(checkpoint.lock(args.checkpoint_dir))
+            _probe_writable(Path(args.checkpoint_dir), "--checkpoint-dir")
+        return _train(args, run, outputs, policy, loss_scale, data_parallel)
+
+
+def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
+    import jax
+    import numpy as np
+    import optax
+
+    from funcnet import data, guards, nn, state_dict, train
+
     (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
     if args.batch_size > len(x_tr):
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(x_tr)} training examples of "
                          f"{args.dataset}; use --batch-size <= {len(x_tr)}")
-    n_classes = int(max(y_tr.max(), y_te.max())) + 1
-    model = nn.MLP([x_tr.shape[1], *args.hidden, n_classes])
+    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
+    # refused, not grow the model a 256th class.
+    n_classes = data.num_classes(args.dataset)
+    _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
+    sizes = [x_tr.shape[1], *args.hidden, n_classes]
+    _check_fits_in_memory(args, sizes)
+    model = nn.MLP(sizes)
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
 
     config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
-    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale)
+    fingerprint = data.fingerprint(x_tr, y_tr, x_te, y_te)
+    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
 
     start = time.perf_counter()
-    if data_parallel:
-        from funcnet import parallel
+    run.training = True
+    with _out_of_memory_is_one_line(args):
+        if data_parallel:
+            from funcnet import parallel
 
-        state, history = parallel.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                                      batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                      kind=args.parallel, devices=args.devices)
-    else:
-        state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                                   batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                   progress=not args.quiet, policy=policy, loss_scale=loss_scale,
-                                   **resume_kwargs)
+            state, history = parallel.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
+                                          batch_size=args.batch_size, key=jax.random.key(args.seed),
+                                          kind=args.parallel, devices=args.devices)
+            for record in history:
+                guards.check_finite_record(record)
+        else:
+            state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
+                                       batch_size=args.batch_size, key=jax.random.key(args.seed),
+                                       progress=not args.quiet, policy=policy, loss_scale=loss_scale,
+                                       **resume_kwargs)
+    run.training = False
+    run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
     history = done + history
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = {"config": config, "model": [x_tr.shape[1], *args.hidden, n_classes],
-               "history": history, "final": history[-1] if history else {}}
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    np.savez(out / "params.npz", **{k: np.asarray(v) for k, v in state_dict(state.params).items()})
-    _plot_loss(history, out / "loss.png")
+    metrics = {"config": config, "model": sizes, "history": history, "final": history[-1] if history else {}}
+    outputs.commit(metrics, {k: np.asarray(v) for k, v in state_dict(state.params).items()}, history,
+                   kept=run.kept())
     final = metrics["final"]
     print(f"trained {args.epochs} epochs on {args.dataset} in {seconds:.1f} s: "
-          f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {out}/metrics.json, "
+          f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+def _check_data(args, train_data, test_data, n_classes) -> None:
+    from funcnet import guards
+
+    for name, (x, y) in (("training", train_data), ("test", test_data)):
+        guards.check_finite(x, f"the {name} inputs of {args.dataset}", "funcnet train")
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+            bad = int(y.max()) if int(y.max()) >= n_classes else int(y.min())
+            raise UsageError(f"the {name} labels of {args.dataset} include {bad}, outside its {n_classes} classes "
+                             f"[0, {n_classes - 1}]; the data is damaged: replace the files")
+
+
+def _check_backend() -> None:
+    """Start JAX's backend now, so a platform that is asked for and missing (JAX_PLATFORMS=cuda
+    on a machine without CUDA) is one line, not an assertion deep inside the first array."""
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise UsageError(f"JAX could not start a backend (JAX_PLATFORMS={platforms!r}): {detail}; unset JAX_PLATFORMS "
+                         f"or set JAX_PLATFORMS=cpu") from None
+
+
+def _check_fits_in_memory(args, sizes) -> None:
+    """Refuse, before anything is allocated, a model whose training step cannot fit in this
+    machine's memory (CPU); on an accelerator, an out-of-memory error at run time says the same."""
+    import jax
+
+    from funcnet import memory
+
+    if jax.default_backend() != "cpu":
+        return
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    est = memory.estimate(memory.mlp_params(sizes), args.optimizer, sizes=sizes, batch=args.batch_size,
+                          **memory.PRECISIONS[args.precision])
+    if est.total > available:
+        raise UsageError(f"--hidden {' '.join(map(str, args.hidden))} needs about {est.total / 1e9:.3g} GB for one "
+                         f"training step (params, gradients, optimizer state, activations; funcnet memory "
+                         f"--sizes {','.join(map(str, sizes))} --batch {args.batch_size}) but this machine has "
+                         f"{available / 1e9:.3g} GB; reduce --hidden or --batch-size")
+
+
+@contextlib.contextmanager
+def _out_of_memory_is_one_line(args):
+    try:
+        yield
+    except RuntimeError as e:  # jax.errors.JaxRuntimeError
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+            raise
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise UsageError(f"out of memory while training ({first[:200]}); reduce --hidden or --batch-size, or "
+                         f"use --precision bf16 (funcnet memory estimates a step)") from None
+
+
+class _Run:
+    """What the run has saved so far and how SIGTERM is handled. With a checkpoint folder,
+    SIGTERM during training only sets a flag: the next checkpoint callback saves and then
+    stops (a step boundary; the compiled epoch cannot be interrupted anyway). Otherwise, or
+    outside training, it stops at once."""
+
+    def __init__(self, args):
+        self.directory = None if args.checkpoint_dir is None else Path(args.checkpoint_dir)
+        self.training = False
+        self.pending = False
+        self.saved_step = None  # the newest checkpoint: resumed from, or saved by this run
+
+    @contextlib.contextmanager
+    def signals(self):
+        def on_sigterm(signum, frame):
+            if self.training and self.directory is not None:
+                self.pending = True
+            else:
+                raise Terminated(self.stopped_message())
+
+        try:
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
+        except ValueError:  # not the main thread: leave signals alone
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def check_pending(self, saved: bool = False):
+        if self.pending:
+            self.pending = False
+            raise Terminated(self.stopped_message(saved))
+
+    def kept(self) -> str:
+        if self.directory is None:
+            return ""
+        if self.saved_step is None:
+            return f"; no checkpoint was saved in {self.directory} yet"
+        return f"; the last checkpoint (step {self.saved_step}) in {self.directory} is kept"
+
+    def stopped_message(self, saved: bool = False) -> str:
+        if self.directory is None:
+            return "nothing was saved (no --checkpoint-dir): rerun to start over"
+        if self.saved_step is None:
+            return f"no checkpoint was saved in {self.directory} yet: rerun with --resume auto to start over"
+        how = "saved" if saved else "kept the last"
+        return (f"{how} checkpoint step {self.saved_step} in {self.directory}; rerun the same command with "
+                f"--resume auto to continue exactly where it stopped")
+
+
+def _probe_writable(folder: Path, flag: str) -> None:
+    probe = folder / f".write-test-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with open(probe, "xb") as f:
+            f.write(b"funcnet")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, f"{flag} {folder} cannot be written: {e.strerror}; pass a folder this user can "
+                               f"write, with free space") from None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+class _Outputs:
+    """``--out``'s three files, replaced together: written into a hidden folder beside ``--out``
+    (``.NAME.tmp-PID-RANDOM``), fsync-ed, then exchanged with ``--out`` in one atomic rename."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.staging = out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+    def _stale(self):
+        prefix = f".{self.out.name}."
+        for entry in os.listdir(self.out.parent):
+            if not entry.startswith(prefix):
+                continue
+            kind, _, rest = entry[len(prefix):].partition("-")
+            pid = rest.split("-")[0]
+            if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)):
+                yield kind, self.out.parent / entry
+
+    def prepare(self) -> None:
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            stale = sorted(self._stale())
+            for kind, path in stale:
+                if kind == "old" and not self.out.exists():
+                    os.rename(path, self.out)  # a fallback swap that died between its two renames
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
+            self.staging.mkdir()
+            _probe_writable(self.staging, "--out")
+            if self.out.exists() and not os.access(self.out, os.W_OK | os.X_OK):
+                raise PermissionError(13, "Permission denied", str(self.out))
+        except OSError as e:
+            if e.strerror and e.strerror.startswith("--out"):
+                raise
+            raise OSError(e.errno, f"--out {self.out} cannot be written: {e.strerror} ({e.filename or self.out}); "
+                                   f"pass a folder this user can write") from None
+
+    def commit(self, metrics: dict, arrays: dict, history: list, kept: str = "") -> None:
+        import numpy as np
+
+        from funcnet import guards
+
+        try:
+            text = json.dumps(guards.json_safe(metrics), indent=2, allow_nan=False) + "\n"
+            with open(self.staging / "metrics.json", "x") as f:
+                f.write(text)
+                _sync(f)
+            with open(self.staging / "params.npz", "xb") as f:
+                np.savez(f, **arrays)
+                _sync(f)
+            _plot_loss(history, self.staging / "loss.png")
+            with open(self.staging / "loss.png", "rb") as f:
+                os.fsync(f.fileno())
+            _fsync_dir(self.staging)
+            self._swap()
+        except OSError as e:
+            raise OSError(e.errno, f"could not write the outputs to {self.out}: {e.strerror or e} "
+                                   f"({e.filename or self.staging}); {self.out} is left as it was{kept}") from None
+
+    def _swap(self) -> None:
+        if not self.out.exists():
+            os.rename(self.staging, self.out)
+        elif _exchange(self.staging, self.out):
+            pass  # self.staging now holds the previous set
+        else:  # no atomic exchange here: two renames; prepare() repairs a death between them
+            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(self.out, old)
+            os.rename(self.staging, self.out)
+            os.rename(old, self.staging)
+        _fsync_dir(self.out.parent)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _sync(f) -> None:
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _fsync_dir(directory: Path) -> None:
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    import errno as _errno
+
+    if err in (_errno.EINVAL, _errno.ENOSYS, _errno.ENOTSUP):  # a file system without RENAME_EXCHANGE
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _pid_alive(pid: int) -> bool:
+    from funcnet.checkpoint import _pid_alive as alive
+
+    return alive(pid)
 
 
 def _parallel_flags(args) -> None:
@@ -188,42 +513,91 @@ def _check_flags(args) -> None:
     if args.data_dir is not None and args.dataset != "mnist":
         raise UsageError(f"--data-dir {args.data_dir} is only read with --dataset mnist; leave it out for "
                          f"--dataset {args.dataset}")
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--data-dir", args.data_dir)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty; pass a folder name (an empty one would mean the current folder)")
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
+        blocker = value is not None and _file_above(Path(value))
+        if blocker:
+            raise UsageError(f"{flag} {value} is inside {blocker}, which is a file; pass a folder path")
     if args.checkpoint_dir is None:
         for flag, value in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
             if value:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
+    _check_out(args)
+
+
+def _file_above(path: Path):
+    """The nearest existing ancestor of ``path`` if it is not a folder (so ``path`` cannot be created)."""
+    for parent in path.absolute().parents:
+        if os.path.lexists(parent):
+            return parent if not parent.is_dir() else None
+    return None
+
+
+def _check_out(args) -> None:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
         raise UsageError(f"--out {args.out} is a file; pass a folder (created if missing)")
+    resolved, cwd = out.resolve(), Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents or resolved.parent == resolved:
+        raise UsageError(f"--out {args.out} is the current folder or one above it; the outputs replace --out as a "
+                         f"whole, so give the run a folder of its own (e.g. --out runs/train)")
+    if args.checkpoint_dir is not None:
+        ckpt = Path(args.checkpoint_dir).resolve()
+        if ckpt == resolved or resolved in ckpt.parents:
+            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is inside --out {args.out}, which is replaced "
+                             f"as a whole when the run ends; put it beside, e.g. --checkpoint-dir {args.out}-ckpt")
+    if not out.is_dir():
+        return
+    entries = os.listdir(out)
+    foreign = sorted(e for e in entries if e not in OUTPUTS)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
+        raise UsageError(f"--out {args.out} holds other files ({shown}); the outputs replace --out as a whole, so "
+                         f"it may hold only {', '.join(OUTPUTS)}: choose a new folder")
+    for name in OUTPUTS:
+        path = out / name
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+            raise UsageError(f"--out {args.out}: {name} is not a regular file (a folder or a link); move it away "
+                             f"or choose another --out")
 
 
-def _checkpointing(args, config, model, tx, loss_scale=None):
-    """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
-    epoch (and every --checkpoint-every steps) and, with --resume, the state and position of
-    the newest checkpoint there. Each checkpoint's metadata holds the flags, the history so
-    far and the position inside the epoch, so a resumed run ends with the same metrics."""
-    if args.checkpoint_dir is None:
-        return [], {}
+def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
+    """``(history_done, fit_kwargs)``: fit() hooks that check every epoch for a non-finite loss
+    and save into --checkpoint-dir after every epoch (and every --checkpoint-every steps) and,
+    with --resume, the state and position of the newest checkpoint there. Each checkpoint's
+    metadata holds the flags, the data's fingerprint, the history so far and the position
+    inside the epoch, so a resumed run ends with the same metrics."""
     import jax
     import numpy as np
 
-    from funcnet import checkpoint, train
+    from funcnet import checkpoint, guards, train
+
+    if args.checkpoint_dir is None:
+        return [], {"on_epoch": lambda state, record: guards.check_finite_record(record, state.params)}
 
     directory = Path(args.checkpoint_dir)
     newest = checkpoint.latest_step(directory)
     done, kwargs = [], {}
-    if args.resume:
-        if newest is None:
-            raise checkpoint.CheckpointError(f"--resume: no checkpoint in {directory}; run without --resume "
-                                             f"to start a fresh run there")
+    if args.resume is True and newest is None:
+        raise checkpoint.CheckpointError(f"--resume: no checkpoint in {directory}; run without --resume "
+                                         f"to start a fresh run there (or pass --resume auto: resume if there is one)")
+    if args.resume and newest is not None:
         meta = checkpoint.read_metadata(directory, newest)
+        _check_metadata(meta, checkpoint.checkpoint_path(directory, newest))
         changed = [f"--{k.replace('_', '-')} {meta['config'].get(k)} (now {config.get(k)})"
                    for k in sorted(set(meta["config"]) | set(config))
                    if k != "epochs" and meta["config"].get(k) != config.get(k)]
         if changed:
             raise UsageError(f"--resume: the run in {directory} was started with " + ", ".join(changed)
                              + "; pass the same flags (only --epochs may change) or use a new --checkpoint-dir")
+        if meta.get("data_sha256", fingerprint) != fingerprint:
+            raise UsageError(f"--resume: the {args.dataset} data changed since the run in {directory} was started "
+                             f"(fingerprint {meta['data_sha256'][:12]}... then, {fingerprint[:12]}... now); resume "
+                             f"with the same data files or start over in a new --checkpoint-dir")
         template = train.create_train_state(model, tx, jax.random.key(0), loss_scale=loss_scale)
         state = checkpoint.restore(directory, template, newest)
         pos, done = meta["position"], meta["history"]
@@ -237,26 +611,45 @@ def _checkpointing(args, config, model, tx, loss_scale=None):
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
                              f"{args.epochs}; pass --epochs {reached} or more")
         kwargs.update(state=state, start=start)
+        run.saved_step = newest
     elif newest is not None:
         raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step {newest}); pass "
-                         f"--resume to continue that run, or choose an empty folder")
+                         f"--resume (or --resume auto) to continue that run, or choose an empty folder")
+
+    def save(state, metadata):
+        step = int(state.step)
+        checkpoint.save(directory, state, step=step,
+                        metadata={"config": config, "data_sha256": fingerprint, "history": done, **metadata})
+        run.saved_step = step
+        run.check_pending(saved=True)  # SIGTERM while training: stop here, right after a save
 
     def on_epoch(state, record):
+        guards.check_finite_record(record, state.params)  # before the save: the last checkpoint stays good
         done.append(record)
-        checkpoint.save(directory, state, step=int(state.step),
-                        metadata={"config": config, "history": done, "position": {"epoch": record["epoch"]}})
+        save(state, {"position": {"epoch": record["epoch"]}})
 
     def on_steps(state, position):
+        losses = np.asarray(position.metrics["loss"])
+        guards.check_finite_losses(losses, int(state.step) - len(losses) + 1, position.epoch + 1, state.params)
         inside = {"epoch": position.epoch, "perm_key": jax.random.key_data(position.perm_key).tolist(),
                   "key_impl": str(jax.random.key_impl(position.perm_key)),
                   # every per-step metric the step returns (fp16 adds grads_finite, loss_scale), exactly
                   "metrics": {k: [np.asarray(v).dtype.name, np.asarray(v).tolist()]
                               for k, v in position.metrics.items()}}
-        checkpoint.save(directory, state, step=int(state.step),
-                        metadata={"config": config, "history": done, "position": inside})
+        save(state, {"position": inside})
 
     kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=on_steps)
     return list(done), kwargs
+
+
+def _check_metadata(meta, path) -> None:
+    ok = (isinstance(meta, dict) and isinstance(meta.get("config"), dict) and isinstance(meta.get("history"), list)
+          and isinstance(meta.get("position"), dict) and isinstance(meta["position"].get("epoch"), int))
+    if not ok:
+        found = sorted(meta) if isinstance(meta, dict) else type(meta).__name__
+        raise UsageError(f"--resume: {path} was not written by funcnet train (its metadata has {found or 'nothing'}, "
+                         f"not the run's flags, history and position); restore it in Python with "
+                         f"funcnet.checkpoint.restore, or use a new --checkpoint-dir")
 
 
 def _plot_loss(history, path: Path) -> None:
@@ -291,20 +684,44 @@ def main(argv: list[str] | None = None) -> int:
 
         return memory.main(argv[1:])
     args = build_parser().parse_args(argv)
+    from funcnet.guards import NonFiniteLossError
+
+    prog = f"funcnet {args.command}"
     try:
         if args.command == "train":
             train_command(args)
         elif args.command == "info":
             info_command(args)
+    except NonFiniteLossError as e:
+        print(f"{prog}: error: {_one_line(e)}{_kept(args)}", file=sys.stderr)
+        return EXIT_NONFINITE
     except (ValueError, OSError) as e:  # UsageError, CheckpointError, missing files, unwritable folders
-        # Strict-restore errors list one problem per line; the command reports in one line.
-        message = " ".join(line.strip() for line in str(e).splitlines())
-        print(f"funcnet {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        print(f"{prog}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
-        print(f"funcnet {args.command}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{prog}: interrupted{_kept(args)}; --out is left as it was", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated as e:
+        print(f"{prog}: terminated by SIGTERM: {e}; --out is left as it was", file=sys.stderr)
+        return EXIT_TERMINATED
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    # Strict-restore errors list one problem per line; the command reports in one line.
+    return " ".join(line.strip() for line in str(e).splitlines())
+
+
+def _kept(args) -> str:
+    directory = getattr(args, "checkpoint_dir", None)
+    if directory is None:
+        return ""
+    from funcnet import checkpoint
+
+    newest = checkpoint.latest_step(directory)
+    if newest is None:
+        return f"; no checkpoint in {directory}"
+    return f"; the last good checkpoint (step {newest}) in {directory} is kept"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ The tables below also generate docs/errors.md from real runs:
 import contextlib
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,20 @@ CLI_CASES = [
     (["--resume", "--checkpoint-dir", "{ckpt}", "{run}", "--epochs", "1"],
      "is in epoch 2, past --epochs 1; pass --epochs 2 or more"),
     (["--resume", "--checkpoint-dir", "{corrupt}", "{run}"], "{corrupt}/step_00000022.ckpt is corrupt"),
+    # issue 13: nothing lost, nothing wrong passes, no traceback
+    (["--seed", "18446744073709551616"], "argument --seed: expected an integer in [0, 4294967295]"),
+    (["--resume", "5", "--checkpoint-dir", "{empty}"], "argument --resume: expected nothing or 'auto', got '5'"),
+    (["--out", ""], "--out is empty"),
+    (["--checkpoint-dir", ""], "--checkpoint-dir is empty"),
+    (["--out", "{file}/sub"], "--out {file}/sub is inside {file}, which is a file"),
+    (["--checkpoint-dir", "{file}/sub"], "--checkpoint-dir {file}/sub is inside {file}, which is a file"),
+    (["--out", "{foreign}"], "--out {foreign} holds other files (notes.txt)"),
+    (["--out", "{empty}/o", "--checkpoint-dir", "{empty}/o/ckpt"], "--checkpoint-dir {empty}/o/ckpt is inside --out"),
+    (["--checkpoint-dir", "{locked}"], "checkpoint folder {locked} is in use by another run (process "),
+    (["--resume", "--checkpoint-dir", "{libckpt}", "{run}"],
+     "{libckpt}/step_00000003.ckpt was not written by funcnet train"),
+    (["--hidden", "300000", "300000"], "--hidden 300000 300000 needs about 1.44e+03 GB for one training step"),
+    (["--lr", "1e30", "--epochs", "1"], "the loss is not finite in epoch 1 (step 44): train_loss = nan", 3),
 ]
 RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
 
@@ -68,13 +83,27 @@ def run_main(argv):
     return status, out.getvalue(), err.getvalue()
 
 
+_LOCKS = []  # held for the whole session: the {locked} folder of the cases
+
+
 def make_context(root: Path) -> dict:
     """The folders and files the cases refer to, a real checkpoint among them."""
     from funcnet import checkpoint
 
-    ctx = {"empty": root / "empty", "file": root / "file.txt", "ckpt": root / "ckpt", "corrupt": root / "corrupt"}
+    ctx = {"empty": root / "empty", "file": root / "file.txt", "ckpt": root / "ckpt", "corrupt": root / "corrupt",
+           "foreign": root / "foreign", "locked": root / "locked", "libckpt": root / "libckpt"}
     ctx["empty"].mkdir()
     ctx["file"].write_text("not a folder\n")
+    ctx["foreign"].mkdir()
+    (ctx["foreign"] / "notes.txt").write_text("the user's own file\n")
+    _LOCKS.append(checkpoint.lock(ctx["locked"]).acquire())  # as a live run would hold it
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    state = train.create_train_state(nn.MLP([64, 8, 10]), optax.adam(1e-3), jax.random.key(0))
+    checkpoint.save(ctx["libckpt"], state, step=3)  # written by the library: no run flags in its metadata
     status, _, err = run_main(["train", "--quiet", *RUN, "--checkpoint-dir", str(ctx["ckpt"]), "--out", str(root / "run")])
     assert status == 0, err
     ctx["corrupt"].mkdir()
@@ -90,10 +119,12 @@ def ctx(tmp_path_factory):
     return make_context(tmp_path_factory.mktemp("cli"))
 
 
-@pytest.mark.parametrize("flags, fragment", CLI_CASES, ids=[" ".join(f) for f, _ in CLI_CASES])
-def test_bad_input_is_one_line_naming_the_value(ctx, flags, fragment):
-    status, out, err = run_main(["train", "--quiet", *_expand(flags, ctx)])
-    assert status == 2
+@pytest.mark.parametrize("flags, fragment, status", [(c + (2,))[:3] for c in CLI_CASES],
+                         ids=[" ".join(c[0]) for c in CLI_CASES])
+def test_bad_input_is_one_line_naming_the_value(ctx, flags, fragment, status, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out runs/train lands here, not in the repository
+    got, out, err = run_main(["train", "--quiet", *_expand(flags, ctx)])
+    assert got == status
     assert out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -138,7 +169,7 @@ def _library_cases(ctx):
     import numpy as np
     import optax
 
-    from funcnet import checkpoint, data, nn, train
+    from funcnet import checkpoint, data, load_state_dict, nn, state_dict, train
 
     (x, y), _ = data.load("digits")
     model, tx = nn.MLP([64, 8, 10]), optax.adam(1e-3)
@@ -180,7 +211,70 @@ def _library_cases(ctx):
         ("checkpoint.save(dir, state, step=5) where dir holds step 22", lambda: checkpoint.save(ckpt, state(), step=5)),
         ("checkpoint.save(dir, state, step=30, keep=0)", lambda: checkpoint.save(ctx["empty"], state(), step=30, keep=0)),
         ("checkpoint.save(dir, old_state, step=1) after step(old_state, batch) donated it", lambda: _save_donated(ctx)),
+        # issue 13
+        ("train.fit((torch.tensor(x), torch.tensor(y)), ...)", lambda: fit((_torch().tensor(x), _torch().tensor(y)))),
+        ("train.fit((x, y), x_test) (test_data not a pair)", lambda: fit((x, y), x[:10])),
+        ("train.fit(..., tx=optax.adam) (not called)", lambda: train.fit(model, optax.adam, (x, y), epochs=1,
+                                                                          batch_size=32, key=jax.random.key(0))),
+        ("train.fit(..., tx='adam')", lambda: train.fit(model, "adam", (x, y), epochs=1, batch_size=32,
+                                                        key=jax.random.key(0))),
+        ("train.fit((x with a NaN, y), ...)", lambda: fit((np.where(np.arange(64) == 5, np.nan, x), y))),
+        ("train.run_epoch([1], state, x, y, batch_size=32)", lambda: train.run_epoch([1], state(), x, y, batch_size=32)),
+        ("train.make_step([1], tx) (not a model)", lambda: train.make_step([1], tx)),
+        ("step(state, x) (x is not an (x, y) pair)", lambda: train.make_step(model, tx)(state(), x[:4])),
+        ("step(params, (x, y))", lambda: train.make_step(model, tx)(state().params, (x[:4], y[:4]))),
+        ("model.apply(state_dict(params), x)", lambda: model.apply(state_dict(state().params), x[:4])),
+        ("model.apply(x, params)", lambda: model.apply(x[:4], state().params)),
+        ("data.load('synthetic', n_train=2.5)", lambda: data.load("synthetic", n_train=2.5)),
+        ("data.load('synthetic', noise=nan)", lambda: data.load("synthetic", noise=float("nan"))),
+        ("data.load('digits', seed=2**64)", lambda: data.load("digits", seed=2**64)),
+        ("data.load('mnist', data_dir=d) with a label byte 255", lambda: data.load("mnist", data_dir=_mnist(ctx, 255))),
+        ("data.load('mnist', data_dir=d) with a .gz cut in half", lambda: data.load("mnist", data_dir=_mnist(ctx, "cut"))),
+        ("load_state_dict(params, {k: bf16 torch tensor})", lambda: load_state_dict(
+            state().params, {k: _torch().tensor(np.asarray(v)).bfloat16() for k, v in state_dict(state().params).items()})),
+        ("load_state_dict(params, {k: complex64 torch tensor})", lambda: load_state_dict(
+            state().params, {k: _torch().tensor(np.asarray(v)).to(_torch().complex64)
+                             for k, v in state_dict(state().params).items()})),
+        ("load_state_dict(params, {k: meta tensor})", lambda: load_state_dict(
+            state().params, {k: _torch().empty(v.shape, device="meta") for k, v in state_dict(state().params).items()})),
+        ("load_state_dict(params, {k: sparse tensor})", lambda: load_state_dict(
+            state().params, {k: _torch().tensor(np.asarray(v)).to_sparse() for k, v in state_dict(state().params).items()})),
+        ("checkpoint.restore(dir, template, step='3')", lambda: checkpoint.restore(ctx["libckpt"], state(), step="3")),
+        ("checkpoint.restore(dir, template) of step_00000003.ckpt renamed to step_00000009.ckpt",
+         lambda: checkpoint.restore(_renamed(ctx), state())),
     ]
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _mnist(ctx, damage):
+    import gzip
+
+    import numpy as np
+
+    folder = Path(ctx["empty"]).parent / f"mnist-{damage}"
+    folder.mkdir(exist_ok=True)
+    images, labels = np.zeros((20, 28, 28), np.uint8), (np.arange(20) % 10).astype(np.uint8)
+    if damage == 255:
+        labels[3] = 255
+    for stem, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels),
+                      ("t10k-images-idx3-ubyte", images[:5]), ("t10k-labels-idx1-ubyte", labels[:5])):
+        raw = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape) + arr.tobytes()
+        packed = gzip.compress(raw)
+        (folder / f"{stem}.gz").write_bytes(packed[: len(packed) // 2] if damage == "cut" else packed)
+    return folder
+
+
+def _renamed(ctx):
+    folder = Path(ctx["empty"]).parent / "renamed"
+    folder.mkdir(exist_ok=True)
+    src = Path(ctx["libckpt"]) / "step_00000003.ckpt"
+    (folder / "step_00000009.ckpt").write_bytes(src.read_bytes())
+    return folder
 
 
 def _save_donated(ctx):
@@ -199,6 +293,7 @@ def _save_donated(ctx):
 def _cell(text, ctx):
     for name, path in sorted(ctx.items(), key=lambda kv: -len(kv[1])):
         text = text.replace(path, f"<{name}>")
+    text = text.replace(f"process {os.getpid()} ", "process <pid> ")
     return text.replace(str(Path(ctx["empty"]).parent), "<tmp>").replace("|", "\\|").replace("\n", "<br>")
 
 
@@ -206,9 +301,11 @@ def write_errors_md(path: Path) -> None:
     import tempfile
 
     rows_cli, rows_lib = [], []
+    path, cwd = Path(path).resolve(), os.getcwd()
     with tempfile.TemporaryDirectory() as root:
         ctx = make_context(Path(root))
-        for flags, _ in CLI_CASES:
+        os.chdir(root)  # the default --out runs/train lands here, not in the repository
+        for flags, *_ in CLI_CASES:
             argv = _expand(flags, ctx)
             status, _, err = run_main(["train", "--quiet", *argv])
             command = _cell("funcnet train " + " ".join(argv), ctx)
@@ -216,10 +313,11 @@ def write_errors_md(path: Path) -> None:
         for call, thunk in _library_cases(ctx):
             try:
                 thunk()
-                kind, message = "no error", "(none: accepted silently)"
+                kind, message = "no error", "(none: accepted)"
             except Exception as e:  # the table records whatever is raised
                 kind, message = type(e).__name__, str(e)
             rows_lib.append(f"| `{_cell(call, ctx)}` | {kind} | {_cell(message, ctx)} |")
+        os.chdir(cwd)
     text = "\n".join([
         "# Errors: what bad input gets",
         "",
@@ -229,7 +327,11 @@ def write_errors_md(path: Path) -> None:
         "",
         "## `funcnet train`",
         "",
-        "Every error is one line on stderr with exit status 2, never a traceback.",
+        "Every error is one line on stderr, never a traceback. Exit status: 2 bad input or an I/O error,",
+        "3 the loss became NaN/Inf (the run stops before checkpointing it), 130 interrupted (SIGINT),",
+        "143 terminated (SIGTERM; with --checkpoint-dir a checkpoint is saved first). `<locked>` is a",
+        "checkpoint folder whose lock a live run holds; `<libckpt>` holds a checkpoint written by",
+        "`funcnet.checkpoint.save` (no run flags in it); `<foreign>` holds a file of the user's.",
         "",
         "| command | exit | stderr |",
         "|---|---|---|",

@@ -1,0 +1,569 @@
+"""Issue 13: nothing the user had is lost, nothing wrong passes silently, no traceback.
+
+Each test drives the real command (in this process, or as a real process where a signal,
+a second process or the environment is the point) and checks the exit status, the one
+line on stderr and what is left on disk against an independent reference: the bytes of
+an earlier run's outputs, a run that was never interrupted, a checkpoint saved before.
+"""
+
+import contextlib
+import errno
+import gzip
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from funcnet import checkpoint
+from funcnet.cli import main
+
+TINY = ["--quiet", "--epochs", "1", "--hidden", "8", "--batch-size", "128"]  # 11 steps of digits
+
+
+def run_main(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def one_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict:
+    """The three outputs as comparable values (params.npz by its arrays: the zip holds times)."""
+    names = sorted(os.listdir(folder))
+    assert names == ["loss.png", "metrics.json", "params.npz"], names
+    with np.load(folder / "params.npz") as z:
+        params = {k: (z[k].dtype.str, z[k].tobytes()) for k in z.files}
+    return {"metrics": (folder / "metrics.json").read_bytes(), "png": (folder / "loss.png").read_bytes(),
+            "params": params}
+
+
+def hidden_leftovers(parent: Path) -> list:
+    return [n for n in os.listdir(parent) if n.startswith(".")]
+
+
+def _script(body: str) -> list:
+    return [sys.executable, "-c", textwrap.dedent(body)]
+
+
+# ---- 1. outputs are replaced as a whole ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """An earlier run (seed 0) and the run that replaces it (seed 1), uninterrupted."""
+    root = tmp_path_factory.mktemp("runs")
+    for name, seed in (("old", "0"), ("new", "1")):
+        status, _, err = run_main(["train", *TINY, "--seed", seed, "--out", str(root / name)])
+        assert status == 0, err
+    return root
+
+
+_PATCH = {  # where the writer waits to be killed: (module attribute, object)
+    "writing": "c._plot_loss",            # metrics.json and params.npz written, loss.png not yet
+    "before swap": "c._Outputs._swap",    # all three written and fsync-ed, not yet swapped in
+    "after swap": "c.shutil.rmtree",      # swapped in; the previous set not yet deleted
+}
+
+
+@pytest.mark.slow
+def test_killed_while_writing_outputs_leaves_the_old_or_the_new_complete_set(two_runs, tmp_path):
+    old, new = snapshot(two_runs / "old"), snapshot(two_runs / "new")
+    assert old["metrics"] != new["metrics"] and old["params"] != new["params"] and old["png"] != new["png"]
+    cases = [("SIGKILL", "writing", old), ("SIGINT", "writing", old), ("SIGKILL", "before swap", old),
+             ("SIGKILL", "after swap", new)]
+    procs = []
+    for i, (sig, moment, _) in enumerate(cases):
+        out = tmp_path / f"case{i}" / "out"
+        shutil.copytree(two_runs / "old", out)
+        argv = ["train", *TINY, "--seed", "1", "--out", str(out)]
+        target = _PATCH[moment]
+        procs.append(subprocess.Popen(_script(f"""
+            import sys, time
+            import funcnet.cli as c
+            original = {target}
+            def wait_to_be_killed(*a, **k):
+                print("WRITING", file=sys.stderr, flush=True)
+                time.sleep(120)
+                return original(*a, **k)
+            {target} = wait_to_be_killed
+            sys.exit(c.main({argv!r}))
+        """), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True))
+    for proc, (sig, moment, expected) in zip(procs, cases):
+        seen = []
+        for line in proc.stderr:  # the marker: the process is inside the write now
+            seen.append(line)
+            if line.startswith("WRITING"):
+                break
+        assert seen and seen[-1].startswith("WRITING"), "".join(seen)
+        proc.send_signal(getattr(signal, sig))
+        rest = proc.stderr.read()
+        proc.wait(timeout=60)
+        out = tmp_path / f"case{cases.index((sig, moment, expected))}" / "out"
+        assert snapshot(out) == expected, (sig, moment)
+        if sig == "SIGINT":
+            assert proc.returncode == 130
+            assert "funcnet train: interrupted; --out is left as it was" in rest
+            assert hidden_leftovers(out.parent) == []  # the staging folder is removed
+        else:
+            assert proc.returncode == -signal.SIGKILL
+    # A killed writer's staging folder is cleaned up by the next run into the same --out.
+    out = tmp_path / "case0" / "out"
+    assert hidden_leftovers(out.parent)
+    status, _, err = run_main(["train", *TINY, "--seed", "1", "--out", str(out)])
+    assert status == 0, err
+    assert hidden_leftovers(out.parent) == [] and snapshot(out) == new
+
+
+def test_full_disk_while_writing_outputs_keeps_the_previous_set(two_runs, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    shutil.copytree(two_runs / "old", out)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(np, "savez", full)
+    status, _, err = run_main(["train", *TINY, "--seed", "1", "--out", str(out)])
+    assert status == 2
+    line = one_line(err)
+    assert line.startswith(f"funcnet train: error: [Errno 28] could not write the outputs to {out}: No space left "
+                           f"on device (")
+    assert line.endswith(f"{out} is left as it was")
+    assert snapshot(out) == snapshot(two_runs / "old") and hidden_leftovers(tmp_path) == []
+
+
+# ---- --out / --checkpoint-dir refused before any data is loaded -----------------------------
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--out", "{file}/sub"], "--out {file}/sub is inside {file}, which is a file; pass a folder path"),
+    (["--checkpoint-dir", "{file}/sub"], "--checkpoint-dir {file}/sub is inside {file}, which is a file"),
+    (["--out", "{withdir}"], "--out {withdir}: params.npz is not a regular file (a folder or a link)"),
+    (["--out", "{foreign}"], "--out {foreign} holds other files (notes.txt)"),
+    (["--out", ""], "--out is empty"),
+    (["--checkpoint-dir", ""], "--checkpoint-dir is empty"),
+    (["--out", "{tmp}/o", "--checkpoint-dir", "{tmp}/o/ckpt"], "--checkpoint-dir {tmp}/o/ckpt is inside --out {tmp}/o"),
+    (["--out", "."], "--out . is the current folder or one above it"),
+])
+def test_unusable_output_folders_are_refused_before_loading_data(tmp_path, monkeypatch, flags, fragment):
+    from funcnet import data
+
+    ctx = {"file": tmp_path / "file.txt", "withdir": tmp_path / "withdir", "foreign": tmp_path / "foreign",
+           "tmp": tmp_path}
+    ctx["file"].write_text("a file\n")
+    (ctx["withdir"] / "params.npz").mkdir(parents=True)
+    ctx["foreign"].mkdir()
+    (ctx["foreign"] / "notes.txt").write_text("mine\n")
+
+    def must_not_load(*a, **k):
+        raise AssertionError("data loaded before the output folders were checked")
+
+    monkeypatch.setattr(data, "load", must_not_load)
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run_main(["train", *TINY, *[f.format(**ctx) for f in flags]])
+    assert status == 2 and out == ""
+    assert fragment.format(**ctx) in one_line(err)
+    assert (ctx["withdir"] / "params.npz").is_dir() and (ctx["foreign"] / "notes.txt").read_text() == "mine\n"
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".") and "tmp-" in n]
+
+
+# ---- 2. one run per checkpoint folder ----------------------------------------------------------
+
+def test_a_locked_checkpoint_folder_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    from funcnet import data
+
+    monkeypatch.setattr(data, "load", lambda *a, **k: pytest.fail("data loaded while the folder is locked"))
+    ckpt = tmp_path / "ckpt"
+    with checkpoint.lock(ckpt):
+        status, _, err = run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--resume", "auto",
+                                   "--out", str(tmp_path / "out")])
+        assert status == 2
+        assert one_line(err) == (f"funcnet train: error: checkpoint folder {ckpt} is in use by another run (process "
+                                 f"{os.getpid()} holds {ckpt}/.lock); wait for it to finish, stop it, or use another "
+                                 f"folder")
+    with checkpoint.lock(ckpt):  # released by the refused run and by the with-block: free again
+        pass
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_on_one_checkpoint_folder(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    procs = [subprocess.Popen([sys.executable, "-m", "funcnet.cli", "train", *TINY, "--epochs", "3",
+                               "--checkpoint-dir", str(ckpt), "--resume", "auto", "--out", str(tmp_path / f"out{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = [(p, *p.communicate(timeout=300)) for p in procs]
+    winners = [r for r in results if r[0].returncode == 0]
+    losers = [r for r in results if r[0].returncode != 0]
+    assert len(winners) == 1 and len(losers) == 1, [(p.returncode, e) for p, _, e in results]
+    (winner, _, _), (loser, _, err) = winners[0], losers[0]
+    assert loser.returncode == 2
+    assert one_line(err).startswith(f"funcnet train: error: checkpoint folder {ckpt} is in use by another run "
+                                    f"(process {winner.pid} holds")
+    assert checkpoint.all_steps(ckpt) == [11, 22, 33]  # one run's checkpoints only
+    assert not (tmp_path / f"out{procs.index(loser)}").exists()
+
+
+def test_save_never_deletes_a_live_writers_temporary_file(tmp_path):
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    state = train.create_train_state(nn.MLP([2, 3]), optax.sgd(0.1), jax.random.key(0))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+        live_tmp = tmp_path / f".step_00000005.ckpt.tmp-{sleeper.pid}-abcd1234"
+        dead_tmp = tmp_path / f".step_00000005.ckpt.tmp-{dead}-abcd1234"
+        live_tmp.write_bytes(b"being written")
+        dead_tmp.write_bytes(b"left by a dead writer")
+        checkpoint.save(tmp_path, state, step=1)
+        assert live_tmp.read_bytes() == b"being written" and not dead_tmp.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# ---- full disk during a checkpoint save ------------------------------------------------------
+
+def test_full_disk_during_a_checkpoint_save_keeps_the_previous_one(tmp_path, monkeypatch):
+    ckpt = tmp_path / "ckpt"
+    assert run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "a")])[0] == 0
+    before = checkpoint.checkpoint_path(ckpt, 11).read_bytes()
+    real_open = open
+
+    def full_disk_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        if "x" in mode and ".tmp-" in str(path):
+            f.close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return f
+
+    monkeypatch.setattr(checkpoint, "open", full_disk_open, raising=False)
+    status, _, err = run_main(["train", *TINY, "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
+                               "--out", str(tmp_path / "b")])
+    assert status == 2
+    assert one_line(err) == (f"funcnet train: error: [Errno 28] save: could not write checkpoint step 22 to "
+                             f"{ckpt}/step_00000022.ckpt: No space left on device; the previous checkpoints are "
+                             f"kept (newest: step 11)")
+    assert sorted(os.listdir(ckpt)) == [".lock", "step_00000011.ckpt"]
+    assert checkpoint.checkpoint_path(ckpt, 11).read_bytes() == before
+    assert not (tmp_path / "b").exists()
+
+
+# ---- 3. garbage never exits 0 ----------------------------------------------------------------
+
+def _strict_json(text):
+    def refuse(name):
+        raise AssertionError(f"non-strict JSON constant {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    # Adam at lr 1e30: step 1 moves every weight by ~1e30 (finite), step 2's loss is NaN.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    status, _, err = run_main(["train", *TINY, "--lr", "1e30", "--checkpoint-dir", str(ckpt),
+                               "--checkpoint-every", "1", "--out", str(out)])
+    assert status == 3
+    assert one_line(err) == (
+        "funcnet train: error: the loss is not finite at step 2 (epoch 1): loss = nan; lower the learning rate "
+        "(--lr), check the inputs for NaN/Inf, or train in fp32 (or with --precision fp16's loss scaling); the "
+        f"last good checkpoint (step 1) in {ckpt} is kept")
+    assert checkpoint.all_steps(ckpt) == [1] and not out.exists()
+    raw = checkpoint.checkpoint_path(ckpt, 1).read_bytes()
+    meta = checkpoint.read_metadata(ckpt)
+    assert np.isfinite(meta["position"]["metrics"]["loss"][1]).all()
+    assert b"NaN" not in raw and b"Infinity" not in raw
+
+
+def test_a_non_finite_loss_without_checkpoints_names_the_epoch(tmp_path):
+    status, _, err = run_main(["train", *TINY, "--lr", "1e30", "--out", str(tmp_path / "out")])
+    assert status == 3
+    assert one_line(err).startswith("funcnet train: error: the loss is not finite in epoch 1 (step 11): "
+                                    "train_loss = nan")
+    assert not (tmp_path / "out").exists()
+
+
+def test_json_that_funcnet_writes_is_strict(tmp_path):
+    import jax
+    import optax
+
+    from funcnet import guards, nn, train
+
+    state = train.create_train_state(nn.MLP([2, 3]), optax.sgd(0.1), jax.random.key(0))
+    checkpoint.save(tmp_path, state, step=1, metadata={"loss": float("nan"), "hi": [float("inf"), -float("inf"), 1.5]})
+    assert checkpoint.read_metadata(tmp_path) == {"loss": "NaN", "hi": ["Infinity", "-Infinity", 1.5]}
+    assert np.asarray(["NaN", "Infinity", 1.5], np.float32).tolist()[1:] == [float("inf"), 1.5]
+    assert json.loads(json.dumps(guards.json_safe({"a": (float("nan"), 2.0)}), allow_nan=False)) == {"a": ["NaN", 2.0]}
+
+
+def _write_mnist(folder: Path, n=64, bad_label=None):
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    images, labels = rng.integers(0, 256, (n, 28, 28)), np.arange(n) % 10
+    if bad_label is not None:
+        labels[3] = bad_label
+    for stem, arr in (("train-images-idx3-ubyte", images), ("train-labels-idx1-ubyte", labels),
+                      ("t10k-images-idx3-ubyte", images[:16]), ("t10k-labels-idx1-ubyte", labels[:16])):
+        header = bytes([0, 0, 8, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+        with gzip.open(folder / f"{stem}.gz", "wb") as f:
+            f.write(header + arr.astype(np.uint8).tobytes())
+    return folder
+
+
+def test_a_corrupt_mnist_label_is_refused_not_a_256_class_model(tmp_path):
+    mnist = _write_mnist(tmp_path / "mnist", bad_label=255)
+    status, _, err = run_main(["train", "--quiet", "--dataset", "mnist", "--data-dir", str(mnist), "--epochs", "1",
+                               "--hidden", "4", "--batch-size", "16", "--out", str(tmp_path / "out")])
+    assert status == 2
+    assert one_line(err) == (f"funcnet train: error: {mnist}/train-labels-idx1-ubyte.gz holds label 255 at index 3; "
+                             f"MNIST labels are 0-9, so the file is damaged: download it again")
+
+
+def test_resume_after_the_data_files_changed_is_refused(tmp_path):
+    mnist, ckpt = _write_mnist(tmp_path / "mnist"), tmp_path / "ckpt"
+    flags = ["train", "--quiet", "--dataset", "mnist", "--data-dir", str(mnist), "--hidden", "4", "--batch-size", "16",
+             "--checkpoint-dir", str(ckpt)]
+    assert run_main([*flags, "--epochs", "1", "--out", str(tmp_path / "a")])[0] == 0
+    _write_mnist(mnist, n=65)  # one more training image
+    status, _, err = run_main([*flags, "--epochs", "2", "--resume", "--out", str(tmp_path / "b")])
+    assert status == 2
+    assert "--resume: the mnist data changed since the run in" in one_line(err)
+    assert "resume with the same data files or start over in a new --checkpoint-dir" in err
+
+
+# ---- 4. tracebacks become one line -------------------------------------------------------------
+
+def test_resume_over_a_checkpoint_written_by_the_library_is_one_line(tmp_path):
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    state = train.create_train_state(nn.MLP([64, 8, 10]), optax.adam(1e-3), jax.random.key(0))
+    checkpoint.save(tmp_path / "ckpt", state, step=3)
+    status, _, err = run_main(["train", *TINY, "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume",
+                               "--out", str(tmp_path / "out")])
+    assert status == 2
+    assert one_line(err).startswith(f"funcnet train: error: --resume: {tmp_path}/ckpt/step_00000003.ckpt was not "
+                                    f"written by funcnet train (its metadata has nothing,")
+
+
+def test_a_model_too_big_for_memory_is_refused_before_allocating(tmp_path):
+    t0 = time.perf_counter()
+    status, _, err = run_main(["train", *TINY, "--hidden", "300000", "300000", "--out", str(tmp_path / "out")])
+    assert status == 2 and time.perf_counter() - t0 < 60
+    line = one_line(err)
+    assert "--hidden 300000 300000 needs about 1.44e+03 GB for one training step" in line
+    assert line.endswith("reduce --hidden or --batch-size")
+
+
+def test_memory_command_with_an_absurd_count_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "funcnet.cli", "memory", "--params", "1e400B"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("funcnet memory: error: --params 1e400B is about 1e409, beyond what this table shows (at "
+                           "most 1e30); pass a realistic size such as 7B or 20e9 (see funcnet memory --help)\n")
+
+
+def test_a_missing_jax_platform_is_one_line(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cuda"}
+    proc = subprocess.run([sys.executable, "-m", "funcnet.cli", "train", *TINY, "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    line = one_line(proc.stderr)
+    assert line.startswith("funcnet train: error: JAX could not start a backend (JAX_PLATFORMS='cuda'): ")
+    assert line.endswith("unset JAX_PLATFORMS or set JAX_PLATFORMS=cpu")
+
+
+# ---- 6./7. restart-safe command, SIGTERM ---------------------------------------------------------
+
+@pytest.mark.slow
+def test_sigterm_saves_and_the_restart_safe_command_finishes_bitwise_equal(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    # 1437 // 64 = 22 steps an epoch, checkpoints every 5 steps (not a divisor: stretches of 5, 5, 5, 5, 2, 3, ...)
+    flags = ["train", "--quiet", "--epochs", "3", "--hidden", "8", "--batch-size", "64", "--seed", "7"]
+    command = [*flags, "--checkpoint-every", "5", "--checkpoint-dir", str(ckpt), "--resume", "auto",
+               "--out", str(tmp_path / "out")]
+    # The child announces each save and then waits a moment, so the signal lands mid-run.
+    victim = subprocess.Popen(_script(f"""
+        import sys, time
+        import funcnet.checkpoint as ck
+        from funcnet.cli import main
+        original = ck.save
+        def save(*a, **k):
+            path = original(*a, **k)
+            print("SAVED", path, file=sys.stderr, flush=True)
+            time.sleep(2)
+            return path
+        ck.save = save
+        sys.exit(main({command!r}))
+    """), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    for line in victim.stderr:
+        if line.startswith("SAVED"):
+            break
+    victim.send_signal(signal.SIGTERM)
+    rest = victim.stderr.read()
+    victim.wait(timeout=120)
+    assert victim.returncode == 143, rest
+    assert rest.strip().splitlines()[-1] == (
+        f"funcnet train: terminated by SIGTERM: saved checkpoint step 5 in {ckpt}; rerun the same command with "
+        f"--resume auto to continue exactly where it stopped; --out is left as it was")
+    assert checkpoint.all_steps(ckpt) == [5] and not (tmp_path / "out").exists()
+
+    assert run_main(command)[0] == 0  # the same command line, restarted
+    # the oracle: never interrupted, no checkpoints, each epoch one scan
+    assert run_main([*flags, "--out", str(tmp_path / "whole")])[0] == 0
+    assert snapshot(tmp_path / "out") == snapshot(tmp_path / "whole")
+    assert run_main(command)[0] == 0  # restarted once more after the end: the same outputs again
+    assert snapshot(tmp_path / "out") == snapshot(tmp_path / "whole")
+
+
+def test_sigterm_without_a_checkpoint_folder_exits_143_at_once(tmp_path):
+    proc = subprocess.Popen(_script(f"""
+        import os, signal, sys
+        import funcnet.data as d
+        from funcnet.cli import main
+        d.load = lambda *a, **k: os.kill(os.getpid(), signal.SIGTERM)
+        sys.exit(main({["train", *TINY, "--out", str(tmp_path / "out")]!r}))
+    """), stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143
+    assert one_line(err) == ("funcnet train: terminated by SIGTERM: nothing was saved (no --checkpoint-dir): rerun "
+                             "to start over; --out is left as it was")
+    assert os.listdir(tmp_path) == []
+
+
+def test_resume_auto_starts_fresh_on_an_empty_folder_and_plain_resume_does_not(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    status, _, err = run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--resume", "--out", str(tmp_path / "a")])
+    assert status == 2 and "--resume: no checkpoint in" in err and "(or pass --resume auto" in err
+    assert run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--resume", "auto",
+                     "--out", str(tmp_path / "b")])[0] == 0
+    assert checkpoint.all_steps(ckpt) == [11]
+
+
+# ---- 8. library misuse ---------------------------------------------------------------------------
+
+def _library():
+    import optax
+
+    from funcnet import data
+
+    (x, y), (xt, yt) = data.load("digits")
+    return x, y, xt, yt, optax
+
+
+def test_guards_name_torch_tensors_bad_pairs_and_uncalled_optimizers():
+    import torch
+
+    from funcnet import guards
+
+    x, y, xt, yt, optax = _library()
+    adam = optax.adam(1e-3)
+    cases = [
+        ((adam, (torch.tensor(x), torch.tensor(y))), TypeError,
+         "fit: train_data x is a torch Tensor; funcnet takes numpy or jax arrays: pass x.detach().cpu().numpy()"),
+        ((adam, torch.tensor(x)), TypeError, "fit: train_data is a single torch Tensor; pass a pair (x, y)"),
+        ((adam, (x, y), xt), TypeError, "fit: test_data must be a pair (x, y) of inputs and labels, got an array of "
+                                        "shape (360, 64); pass test_data=(x, y)"),
+        ((adam, (x, y, y)), TypeError, "fit: train_data must be a pair (x, y) of inputs and labels, got a tuple of "
+                                       "length 3"),
+        ((optax.adam, (x, y)), TypeError, "(call it: optax.adam(1e-3), not optax.adam)"),
+        (("adam", (x, y)), TypeError, "got the string 'adam'; pass e.g. optax.adam(1e-3)"),
+        ((adam, (x, y[:-1])), ValueError, "x has 1437 examples but y has 1436"),
+        ((adam, (np.where(np.arange(64) == 5, np.nan, x), y)), ValueError,
+         "fit: train_data x holds 1437 non-finite values (the first, nan, at index (0, 5))"),
+        ((adam, (x, y), (np.full_like(xt, np.inf), yt)), ValueError, "fit: test_data x holds 23040 non-finite values"),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error) as info:
+            guards.check_fit_args(*args)
+        assert message in str(info.value), (message, str(info.value))
+    guards.check_fit_args(adam, (x, y), (xt, yt))  # good input passes
+    with pytest.raises(TypeError, match=r"run_epoch: the first argument must be the step from make_step\(model, tx\), "
+                                        r"got list"):
+        guards.check_step_fn([1])
+
+
+def _fit_calls_guards():
+    import inspect
+
+    from funcnet import train
+
+    return "guards" in inspect.getsource(train.fit)
+
+
+@pytest.mark.skipif(not _fit_calls_guards(), reason="train.fit does not call funcnet.guards yet (lead's file)")
+def test_fit_refuses_nan_inputs_torch_tensors_and_a_bare_test_array():
+    import jax
+
+    from funcnet import nn, train
+
+    x, y, xt, yt, optax = _library()
+    fit = lambda tx, *data: train.fit(nn.MLP([64, 4, 10]), tx, *data, epochs=1, batch_size=64,
+                                      key=jax.random.key(0), progress=False)
+    x_nan = x.copy()
+    x_nan[3, 7] = np.nan
+    with pytest.raises(ValueError, match=r"train_data x holds 1 non-finite values \(the first, nan, at index \(3, 7\)\)"):
+        fit(optax.adam(1e-3), (x_nan, y))
+    with pytest.raises(TypeError, match="test_data must be a pair"):
+        fit(optax.adam(1e-3), (x, y), xt)
+    with pytest.raises(TypeError, match="got the string 'adam'"):
+        fit("adam", (x, y))
+
+
+def test_load_state_dict_takes_bf16_and_refuses_complex_meta_and_sparse_tensors():
+    import jax
+    import torch
+
+    from funcnet import StateDictError, load_state_dict, nn, state_dict
+
+    model = nn.MLP([3, 2])
+    params = model.init(jax.random.key(0))
+    weights = {k: torch.tensor(np.asarray(v)) for k, v in state_dict(params).items()}
+    bf16 = {k: v.to(torch.bfloat16) for k, v in weights.items()}
+    loaded = load_state_dict(params, bf16)
+    for k, v in state_dict(loaded).items():  # bf16 -> float32 is exact: torch's own upcast is the oracle
+        np.testing.assert_array_equal(np.asarray(v), bf16[k].float().numpy())
+    with pytest.raises(StateDictError, match=r"0.weight: holds complex64 values but the model's parameter is float32 "
+                                             r"\(the imaginary part would be dropped\); pass tensor.real"):
+        load_state_dict(params, {k: v.to(torch.complex64) for k, v in weights.items()})
+    with pytest.raises(StateDictError, match=r"0.weight is a meta tensor \(a shape without data\)"):
+        load_state_dict(params, {k: torch.empty(v.shape, device="meta") for k, v in weights.items()})
+    with pytest.raises(StateDictError, match=r"0.weight is a sparse tensor \(torch.sparse_coo\); pass tensor.to_dense\(\)"):
+        load_state_dict(params, {k: v.to_sparse() for k, v in weights.items()})
+
+
+def test_restore_with_a_string_step_and_a_renamed_file(tmp_path):
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    state = train.create_train_state(nn.MLP([2, 3]), optax.sgd(0.1), jax.random.key(0))
+    checkpoint.save(tmp_path, state, step=3)
+    with pytest.raises(TypeError, match=r"restore: step must be an int or None \(the latest\), got '3' \(str\); "
+                                        r"pass step=3"):
+        checkpoint.restore(tmp_path, state, step="3")
+    os.rename(checkpoint.checkpoint_path(tmp_path, 3), checkpoint.checkpoint_path(tmp_path, 9))
+    with pytest.raises(checkpoint.CheckpointError, match=r"step_00000009.ckpt holds step 3 but its name says step 9 "
+                                                         r"\(renamed by hand\?\); rename it to step_00000003.ckpt"):
+        checkpoint.restore(tmp_path, state)
