@@ -1,8 +1,10 @@
-"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--float64]``
+"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--html DIR] [--float64]``
 
 Runs each comparison (PyTorch form and JAX form on the same numbers), prints the
 two sources, the two results, the checks with their tolerances and the two timings
-side by side, and exits non-zero if any verdict fails (or a comparison crashes).
+(first call with its compile time, and steady state) side by side, and exits non-zero
+if any verdict fails (or a comparison crashes). ``--html DIR`` writes the same as a
+static page, ``DIR/index.html`` (see comparisons/_page.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import traceback
 from pathlib import Path
 
 import comparisons
-from comparisons._core import Check, Options, Result, Side
+from comparisons._core import Check, Options, Result, Side, fmt_seconds
+from comparisons._terminal import print_result, print_summary  # noqa: F401 (the runner's terminal view)
 
 # The articles' order: tensors, then autograd, graphs, modules, the hand-written
 # net, the loop, then scaling up. Comparisons not listed here run after these.
@@ -51,84 +54,39 @@ def run_one(name: str, opts: Options) -> Result:
 
 
 def _fmt_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
+    return fmt_seconds(seconds)
 
 
-def print_result(console, result: Result, *, show_source: bool = True) -> None:
-    from rich.panel import Panel
-    from rich.syntax import Syntax
-    from rich.table import Table
-
-    verdict = "[bold green]PASS[/]" if result.ok else "[bold red]FAIL[/]"
-    table = Table(show_header=True, header_style="bold", expand=True, show_lines=True)
-    table.add_column("PyTorch", ratio=1, overflow="fold")
-    table.add_column("JAX", ratio=1, overflow="fold")
-    if show_source and (result.torch.source or result.jax.source):
-        table.add_row(Syntax(result.torch.source or "", "python", word_wrap=True, theme="ansi_dark"),
-                      Syntax(result.jax.source or "", "python", word_wrap=True, theme="ansi_dark"))
-    table.add_row(result.torch.output, result.jax.output)
-    table.add_row(f"time: {_fmt_seconds(result.torch.seconds)}", f"time: {_fmt_seconds(result.jax.seconds)}")
-    checks = Table(show_header=True, header_style="bold", expand=True)
-    checks.add_column("", width=2)
-    checks.add_column("check", ratio=1, overflow="fold")
-    checks.add_column("detail", ratio=2, overflow="fold")
-    for c in result.checks:
-        checks.add_row("[green]✓[/]" if c.ok else "[red]✗[/]", c.name, c.detail)
-    console.print(Panel.fit(f"[bold]{result.name}[/]: {result.title}   {verdict}"))
-    console.print(table)
-    console.print(checks)
-    if result.notes and not result.ok:
-        console.print(result.notes, markup=False, highlight=False)
-    elif result.notes:
-        console.print(f"[dim]{result.notes}[/]")
-    console.print()
-
-
-def print_summary(console, results: list[Result]) -> None:
-    from rich.table import Table
-
-    table = Table(title="summary")
-    for col in ("comparison", "verdict", "checks", "PyTorch time", "JAX time"):
-        table.add_column(col)
-    for r in results:
-        passed = sum(c.ok for c in r.checks)
-        table.add_row(r.name, "[green]PASS[/]" if r.ok else "[red]FAIL[/]", f"{passed}/{len(r.checks)}",
-                      _fmt_seconds(r.torch.seconds), _fmt_seconds(r.jax.seconds))
-    console.print(table)
+def _timing(side: Side) -> str:
+    return (f"first call {fmt_seconds(side.seconds)}, compile {fmt_seconds(side.compile_seconds)}, "
+            f"steady {fmt_seconds(side.steady_seconds)}")
 
 
 def write_report(results: list[Result], directory: Path, opts: Options) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from comparisons._page import plot_png
 
     directory.mkdir(parents=True, exist_ok=True)
     lines = ["# funcnet comparisons: PyTorch and JAX on the same numbers", "",
-             f"dtype: {opts.dtype}", "", "| comparison | verdict | checks | PyTorch | JAX |", "|---|---|---|---|---|"]
+             f"dtype: {opts.dtype}", "",
+             "first call: the timed work run once, tracing and compilation included; compile: the part of it "
+             "spent tracing and compiling; steady: the same work called again, once compiled; -: not measured.", "",
+             "| comparison | verdict | checks | PyTorch first call | PyTorch steady | JAX first call | JAX compile "
+             "| JAX steady |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| [{r.name}](#{r.name}) | {'PASS' if r.ok else 'FAIL'} | "
-                     f"{sum(c.ok for c in r.checks)}/{len(r.checks)} | {_fmt_seconds(r.torch.seconds)} | "
-                     f"{_fmt_seconds(r.jax.seconds)} |")
+                     f"{sum(c.ok for c in r.checks)}/{len(r.checks)} | {fmt_seconds(r.torch.seconds)} | "
+                     f"{fmt_seconds(r.torch.steady_seconds)} | {fmt_seconds(r.jax.seconds)} | "
+                     f"{fmt_seconds(r.jax.compile_seconds)} | {fmt_seconds(r.jax.steady_seconds)} |")
     for r in results:
         lines += ["", f"## {r.name}", "", f"{r.title} — **{'PASS' if r.ok else 'FAIL'}**", "",
                   "| | check | detail |", "|---|---|---|"]
         lines += [f"| {'✓' if c.ok else '✗'} | {c.name} | {c.detail.replace('|', '/')} |" for c in r.checks]
         for side, label in ((r.torch, "PyTorch"), (r.jax, "JAX")):
-            lines += ["", f"### {label} ({_fmt_seconds(side.seconds)})", "", "```python", side.source, "```",
+            lines += ["", f"### {label} ({_timing(side)})", "", "```python", side.source, "```",
                       "", "```text", side.output, "```"]
         for i, (title, curves) in enumerate(r.series.items()):
             png = f"{r.name}_{i}.png"
-            fig, ax = plt.subplots(figsize=(7, 4))
-            for (label, values), style in zip(curves.items(), ("-", "--", ":", "-.") * 4):
-                ax.plot(range(len(values)), values, style, label=label, linewidth=1.5)
-            ax.set_title(title)
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(directory / png, dpi=110)
-            plt.close(fig)
+            (directory / png).write_bytes(plot_png(title, curves))
             lines += ["", f"![{title}]({png})"]
         if r.notes:
             lines += ["", "```text", r.notes, "```"]
@@ -143,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the comparisons and exit")
     parser.add_argument("--json", metavar="PATH", help="write machine-readable results")
     parser.add_argument("--report", metavar="DIR", help="write DIR/report.md with PNG plots")
+    parser.add_argument("--html", metavar="DIR",
+                        help="write DIR/index.html: the sources side by side, outputs, checks and plots in one "
+                             "static page (no server, no network)")
     parser.add_argument("--float64", action="store_true",
                         help=f"run in float64 in a process with JAX_ENABLE_X64 (default names: "
                              f"{' '.join(FLOAT64_DEFAULT)})")
@@ -184,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         path = write_report(results, Path(args.report), opts)
         console.print(f"report written to {path}")
+    if args.html:
+        from comparisons._page import write_page
+
+        path = write_page(results, Path(args.html), opts)
+        console.print(f"page written to {path}")
     failed = [r.name for r in results if not r.ok]
     if failed:
         console.print(f"[bold red]{len(failed)} comparison(s) failed:[/] {', '.join(failed)}")

@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import sys
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Options", "Check", "Side", "Result", "TOL", "close", "equal", "expect", "raises", "timed", "source",
-           "require_x64", "dtypes", "run_sections"]
+__all__ = ["Options", "Check", "Side", "Result", "Seconds", "TOL", "close", "equal", "expect", "raises", "timed",
+           "source", "require_x64", "dtypes", "run_sections", "fmt_seconds"]
 
 # torch.testing.assert_close defaults for float32 (rtol 1.3e-6, atol 1e-5); in float64
 # both frameworks run the same IEEE operations in (possibly) different orders, so
@@ -47,16 +49,70 @@ class Options:
 
 @dataclass
 class Check:
+    """detail: what was measured, the tolerance and why, in one line. tolerance and why
+    repeat those two parts on their own (``close`` and ``equal`` fill them) for the page."""
+
     name: str
     ok: bool
     detail: str
+    tolerance: str = ""
+    why: str = ""
+
+
+class Seconds(float):
+    """Wall seconds of a first call (``timed`` returns one), carrying ``compile``: the part
+    of them spent tracing, lowering and compiling (JAX's compile events, torch.compile's),
+    and ``steady``: the seconds of a repeat call once everything is compiled (None where
+    unknown).
+
+    A plain float where a float is expected; ``Side`` reads the two off it, so a
+    comparison that passes ``timed``'s seconds to ``Side`` reports the split unchanged."""
+
+    compile: float
+    steady: float | None
+
+    def __new__(cls, seconds: float, compile: float = 0.0, steady: float | None = None):
+        self = super().__new__(cls, seconds)
+        self.compile, self.steady = float(compile), (None if steady is None else float(steady))
+        return self
+
+    def __add__(self, other):
+        if isinstance(other, Seconds):
+            steady = None if self.steady is None or other.steady is None else self.steady + other.steady
+            return Seconds(float(self) + float(other), self.compile + other.compile, steady)
+        return float(self) + other
+
+    __radd__ = __add__
 
 
 @dataclass
 class Side:
+    """One framework's form of the idea: its source, what it printed, and its timing.
+
+    seconds: the first call of the timed work, tracing and compilation included (what a
+    user waits for the first time). compile_seconds: the part of it spent tracing and
+    compiling (0 for torch eager). steady_seconds: the same work called again, once
+    compiled. The last two are read off a ``Seconds`` (from ``timed``); a comparison that
+    measured its steady state apart passes ``steady_seconds=`` (and may leave seconds None
+    when it compiled outside its timing)."""
+
     source: str
     output: str
     seconds: float | None = None
+    compile_seconds: float | None = None
+    steady_seconds: float | None = None
+
+    def __post_init__(self):
+        if self.compile_seconds is None:
+            self.compile_seconds = getattr(self.seconds, "compile", None)
+        if self.steady_seconds is None:
+            self.steady_seconds = getattr(self.seconds, "steady", None)
+        if self.seconds is not None:
+            self.seconds = float(self.seconds)
+
+    def timing_json(self) -> dict:
+        return {"seconds": self.seconds, "first_call_seconds": self.seconds,
+                "compile_seconds": self.compile_seconds, "steady_seconds": self.steady_seconds}
 
 
 @dataclass
@@ -88,8 +144,8 @@ class Result:
             "title": self.title,
             "ok": self.ok,
             "checks": [c.__dict__ for c in self.checks],
-            "torch": {"output": self.torch.output, "seconds": self.torch.seconds},
-            "jax": {"output": self.jax.output, "seconds": self.jax.seconds},
+            "torch": {"output": self.torch.output, **self.torch.timing_json()},
+            "jax": {"output": self.jax.output, **self.jax.timing_json()},
             "notes": self.notes,
         }
 
@@ -117,7 +173,7 @@ def close(name: str, got: Any, expected: Any, *, rtol: float, atol: float, why: 
     detail = f"max |diff| {max_abs:.2e}, max rel {max_rel:.2e} (rtol {rtol:g}, atol {atol:g})"
     if why:
         detail += f"; {why}"
-    return Check(name, ok, detail)
+    return Check(name, ok, detail, tolerance=f"rtol {rtol:g}, atol {atol:g}", why=why)
 
 
 def equal(name: str, got: Any, expected: Any, why: str = "") -> Check:
@@ -128,7 +184,7 @@ def equal(name: str, got: Any, expected: Any, why: str = "") -> Check:
         a, b = np.asarray(_np(got)), np.asarray(_np(expected))
         ok = a.shape == b.shape and bool(np.array_equal(a, b))
     detail = f"{_short(got)} == {_short(expected)}" if ok else f"{_short(got)} != {_short(expected)}"
-    return Check(name, bool(ok), detail + (f"; {why}" if why else ""))
+    return Check(name, bool(ok), detail + (f"; {why}" if why else ""), tolerance="exact", why=why)
 
 
 def expect(name: str, condition: bool, detail: str) -> Check:
@@ -159,19 +215,118 @@ def _block(x):
     return x
 
 
-def timed(fn: Callable[..., Any], *args, repeat: int = 1, **kwargs) -> tuple[Any, float]:
-    """(result of the last call, median seconds per call); JAX results are waited for."""
+class _CompileClock:
+    """The wall time spent tracing and compiling while it is open, from JAX's compile
+    events (``/jax/core/compile/...``: trace, lowering, XLA compile) and torch.compile's
+    start/end callbacks. Events nest (a jit traced inside another's trace), so the
+    time is the length of the union of their intervals, not the sum of durations."""
+
+    _open: list["_CompileClock"] = []
+    _lock = threading.Lock()
+    _jax_hooked = False
+    _torch_hooked = False
+
+    def __init__(self):
+        self.spans: list[tuple[float, float]] = []
+        self.opened = time.time()
+
+    @classmethod
+    def _record(cls, start: float, end: float) -> None:
+        with cls._lock:
+            for clock in cls._open:
+                clock.spans.append((start, end))
+
+    @classmethod
+    def _hook(cls) -> None:
+        if not cls._jax_hooked and "jax" in sys.modules:
+            import jax.monitoring
+
+            def on_span(event, start, end, **_):  # time.time() stamps
+                if event.startswith("/jax/core/compile/"):
+                    cls._record(start, end)
+
+            jax.monitoring.register_event_time_span_listener(on_span)
+            cls._jax_hooked = True
+        # torch.compile(...) imports torch._dynamo when the wrapper is made, before it is timed
+        if not cls._torch_hooked and "torch._dynamo" in sys.modules:
+            from torch._dynamo import callback
+
+            started = threading.local()
+            callback.on_compile_start(lambda *_: setattr(started, "t", time.time()))
+            callback.on_compile_end(lambda *_: cls._record(getattr(started, "t", time.time()), time.time()))
+            cls._torch_hooked = True
+
+    def __enter__(self):
+        self._hook()
+        with self._lock:
+            self._open.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._open.remove(self)
+
+    @property
+    def seconds(self) -> float:
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted((max(s, self.opened), e) for s, e in self.spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
+        return total
+
+
+def timed(fn: Callable[..., Any], *args, repeat: int = 1, steady: bool = True, **kwargs) -> tuple[Any, float]:
+    """(result of the last call, median seconds per call); JAX results are waited for.
+
+    With ``repeat=1`` the seconds are a ``Seconds``: the first call's wall time, the part
+    of it spent tracing and compiling (``.compile``) and the steady state (``.steady``).
+    A call that compiled nothing (torch eager, JAX already warm) is its own steady state.
+    A call that compiled is called once more, its output and printing discarded, to time
+    a warm call: the first call's result is the one returned, so ``fn`` must give the
+    same checks when called twice (pure, as JAX functions are, or idempotent). Pass
+    ``steady=False`` where a second call would change what is checked (it counts
+    compilations, say); the steady state is then unknown (None). A first compiled run
+    also pays one-off costs the compile events miss (XLA:CPU prepares kernels on the
+    first execution), so first - compile is not the steady state: only a repeat is."""
     times, out = [], None
-    for _ in range(max(repeat, 1)):
-        t0 = time.perf_counter()
-        out = _block(fn(*args, **kwargs))
-        times.append(time.perf_counter() - t0)
-    return out, float(np.median(times))
+    with _CompileClock() as clock:
+        for _ in range(max(repeat, 1)):
+            t0 = time.perf_counter()
+            out = _block(fn(*args, **kwargs))
+            times.append(time.perf_counter() - t0)
+    if repeat > 1:
+        return out, float(np.median(times))
+    first, compiled = times[0], min(clock.seconds, times[0])
+    if not compiled:
+        return out, Seconds(first, 0.0, first)
+    again = None
+    if steady:
+        with contextlib.redirect_stdout(io.StringIO()), _CompileClock() as reclock:
+            try:
+                t0 = time.perf_counter()
+                _block(fn(*args, **kwargs))
+                again = time.perf_counter() - t0
+            except Exception:  # a donated input, say: the steady state stays unknown
+                again = None
+        if again is not None:  # fn makes new jitted functions on each call: their compile is no steady cost
+            again = max(again - reclock.seconds, 0.0)
+    return out, Seconds(first, compiled, again)
 
 
 def source(*objs) -> str:
     """The source text of functions/classes, dedented and joined by a blank line."""
     return "\n\n".join(textwrap.dedent(inspect.getsource(o)).rstrip() for o in objs)
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """At most 7 characters, three significant digits: "0.42 ms", "15.2 ms", "153 ms", "2.45 s"; "-" if unknown."""
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+    ms = seconds * 1e3
+    return f"{ms:.2f} ms" if ms < 10 else f"{ms:.1f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
 def _short(x, limit: int = 80) -> str:
@@ -200,16 +355,18 @@ def dtypes(opts: Options):
     return getattr(torch, opts.dtype), jnp.dtype(opts.dtype)
 
 
-def run_sections(fns, args):
+def run_sections(fns, args, *, steady: bool = True):
     """Run each ``fn(*a)`` with its printed lines captured: (results, text, seconds).
+
+    seconds: the sum of the sections' ``Seconds`` (see ``timed`` for ``steady``).
 
     The text heads each section with the function's name after its first underscore
     (``torch_views`` -> ``# views``)."""
-    results, text, seconds = [], [], 0.0
+    results, text, seconds = [], [], Seconds(0.0, 0.0, 0.0)
     for fn, a in zip(fns, args):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            out, s = timed(fn, *a)
+            out, s = timed(fn, *a, steady=steady)
         results.append(out)
         text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
         seconds += s

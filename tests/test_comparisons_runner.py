@@ -5,7 +5,7 @@ import json
 
 from comparisons import __main__ as runner
 from comparisons import paradigms
-from comparisons._core import Check, Options, Result, Side, close
+from comparisons._core import Check, Options, Result, Seconds, Side, close
 
 
 def test_paradigms_passes_and_writes_json_and_report(tmp_path, capsys):
@@ -15,8 +15,14 @@ def test_paradigms_passes_and_writes_json_and_report(tmp_path, capsys):
     assert status == 0, [c for r in out["results"] for c in r["checks"] if not c["ok"]]
     (result,) = out["results"]
     assert result["name"] == "paradigms" and result["ok"] and len(result["checks"]) >= 8
+    # the timing split: torch eager compiles nothing; JAX's first call traces and compiles
+    torch_t, jax_t = result["torch"], result["jax"]
+    assert torch_t["compile_seconds"] == 0 and torch_t["steady_seconds"] == torch_t["first_call_seconds"] > 0
+    assert 0 < jax_t["compile_seconds"] < jax_t["first_call_seconds"] == jax_t["seconds"]
+    assert 0 < jax_t["steady_seconds"] < jax_t["first_call_seconds"]
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## paradigms" in report and "PASS" in report
+    assert "| JAX first call | JAX compile | JAX steady |" in report
 
 
 def test_paradigms_perturbed_weight_fails():
@@ -34,6 +40,19 @@ def test_runner_exits_non_zero_on_a_failed_verdict(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "run_one", fake_run_one)
     assert runner.main(["paradigms", "--report", str(tmp_path)]) == 1
     assert (tmp_path / "paradigms_0.png").stat().st_size > 1000
+
+
+def test_report_and_json_carry_the_timing_split(monkeypatch, tmp_path):
+    fake = Result("paradigms", "fake", Side("a = 1", "1", Seconds(0.015, 0.0, 0.015)),
+                  Side("a = 2", "2", Seconds(2.45, 2.4, 0.041)), [Check("c", True, "d")])
+    monkeypatch.setattr(runner, "run_one", lambda name, opts: fake)
+    assert runner.main(["paradigms", "--report", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "| [paradigms](#paradigms) | PASS | 1/1 | 15.0 ms | 15.0 ms | 2.45 s | 2.40 s | 41.0 ms |" in report
+    assert "### JAX (first call 2.45 s, compile 2.40 s, steady 41.0 ms)" in report
+    (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert result["jax"] == {"output": "2", "seconds": 2.45, "first_call_seconds": 2.45, "compile_seconds": 2.4,
+                             "steady_seconds": 0.041}
 
 
 def test_runner_list_and_unknown_name(capsys):
