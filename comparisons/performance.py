@@ -301,13 +301,13 @@ def run(opts: Options = Options()) -> Result:
                    f"forward 1024 x 784: {t_seconds * 1e3:.2f} ms on {device}\n{STEPS}-step SGD loop "
                    f"(digits, batch {BATCH}): copy per step {ms(('torch', 'copy per step'))}, "
                    f".item() per step {ms(('torch', '.item() per step'))}, fixed {ms(('torch', 'copy once'))}",
-                   t_seconds),
+                   steady_seconds=t_seconds),  # both timings are of warm calls (compiled outside them)
         jax=Side(source(jax_timing, jax_loop),
                  f"forward 1024 x 784: dispatch {dispatched * 1e3:.3f} ms (not blocked, result ready: {ready}), "
                  f"blocked {waited * 1e3:.2f} ms\n{STEPS}-step SGD loop: copy per step "
                  f"{ms(('jax', 'copy per step'))}, float() per step {ms(('jax', '.item() per step'))}, "
                  f"fixed {ms(('jax', 'copy once'))}",
-                 waited),
+                 steady_seconds=waited),
         checks=checks,
         notes=f"loop variants, median of 3 ({STEPS} steps, batch {BATCH}):\n{trap_lines}\n\n"
               f"bottleneck table (JAX remedy, measured here):\n{table}\n"

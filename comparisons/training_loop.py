@@ -114,8 +114,9 @@ def run(opts: Options = Options(), *, epochs: int = EPOCHS) -> Result:
     params0 = from_torch(net)
 
     step = funcnet.make_step(model, optax.sgd(LR))
+    # a fresh state per call: the steps donate it, and timed() calls once more for the steady state
     (scan_state, scan_losses, epoch_keys), j_sec = timed(
-        funcnet_epochs, step, _state(model, params0, opts.perturb), x_train, y_train, epochs)
+        lambda: funcnet_epochs(step, _state(model, params0, opts.perturb), x_train, y_train, epochs))
 
     # the batch order, generated once and fed to both the torch loop and the make_step loop
     order = np.concatenate([np.asarray(run_epoch_batches(k, n)) for k in epoch_keys])
