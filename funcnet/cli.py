@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train an MLP and write metrics.json, params.npz and loss.png",
+    t = sub.add_parser("train", help="train a model and write metrics.json, params.npz and loss.png",
                        epilog="exit status: 0 done, 2 bad input or I/O error, 3 non-finite loss, "
                               "130 interrupted (SIGINT), 143 terminated (SIGTERM; checkpoint saved "
                               "when --checkpoint-dir is given)")
@@ -121,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--lr", type=_positive_float, default=1e-3)
     t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
-    t.add_argument("--hidden", type=_positive_int, nargs="+", default=[128],
+    t.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                   help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
+                        "images (square inputs, side divisible by 4)")
+    t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
                    help="hidden layer sizes of the MLP (default: 128)")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     t.add_argument("--devices", type=_positive_int, default=1)
@@ -158,9 +161,6 @@ def _precision(args):
     needs no scaling; fp16 gets torch.amp.GradScaler's defaults."""
     if args.precision == "fp32":
         return None, None
-    if args.devices > 1 or args.parallel is not None:
-        raise UsageError(f"--precision {args.precision} is not supported with --devices/--parallel yet; "
-                         f"train on one device or leave --precision out (default: fp32)")
     from funcnet.precision import DynamicLossScale
 
     return args.precision, DynamicLossScale() if args.precision == "fp16" else None
@@ -193,7 +193,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     import numpy as np
     import optax
 
-    from funcnet import data, guards, nn, state_dict, train
+    from funcnet import data, state_dict, train
 
     (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
     if args.batch_size > len(x_tr):
@@ -203,9 +203,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     # refused, not grow the model a 256th class.
     n_classes = data.num_classes(args.dataset)
     _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
-    sizes = [x_tr.shape[1], *args.hidden, n_classes]
-    _check_fits_in_memory(args, sizes)
-    model = nn.MLP(sizes)
+    model, description = _build_model(args, x_tr.shape[1], n_classes)
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
 
     config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
@@ -215,32 +213,46 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     start = time.perf_counter()
     run.training = True
     with _out_of_memory_is_one_line(args):
-        if data_parallel:
-            from funcnet import parallel
-
-            state, history = parallel.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                                          batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                          kind=args.parallel, devices=args.devices)
-            for record in history:
-                guards.check_finite_record(record)
-        else:
-            state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                                       batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                       progress=not args.quiet, policy=policy, loss_scale=loss_scale,
-                                       **resume_kwargs)
+        parallel = {"devices": args.devices, "parallel": args.parallel} if data_parallel else {}
+        state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
+                                   batch_size=args.batch_size, key=jax.random.key(args.seed),
+                                   progress=not args.quiet, policy=policy, loss_scale=loss_scale,
+                                   **parallel, **resume_kwargs)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
     history = done + history
 
-    metrics = {"config": config, "model": sizes, "history": history, "final": history[-1] if history else {}}
-    outputs.commit(metrics, {k: np.asarray(v) for k, v in state_dict(state.params).items()}, history,
-                   kept=run.kept())
+    metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
+    # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
+    arrays = state_dict(state.params, state.model_state, model=model)
+    outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
     final = metrics["final"]
     print(f"trained {args.epochs} epochs on {args.dataset} in {seconds:.1f} s: "
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+def _build_model(args, n_features: int, n_classes: int):
+    """``(model, description for metrics.json)`` for --model: the MLP's layer sizes, or the
+    ConvNet's repr."""
+    from funcnet import models, nn
+
+    if args.model == "mlp":
+        args.hidden = args.hidden or [128]
+        sizes = [n_features, *args.hidden, n_classes]
+        _check_fits_in_memory(args, sizes)
+        return nn.MLP(sizes), sizes
+    if args.hidden is not None:
+        raise UsageError(f"--hidden {' '.join(map(str, args.hidden))} sets the MLP's layers; --model {args.model} "
+                         f"has none: leave --hidden out")
+    side = int(round(n_features ** 0.5))
+    if side * side != n_features or side % 4:
+        raise UsageError(f"--model cnn needs square images whose side is divisible by 4 (8x8 digits, 28x28 MNIST); "
+                         f"--dataset {args.dataset} has {n_features} features per example: use --model mlp")
+    model = models.ConvNet(n_classes, image=side)
+    return model, model.name
 
 
 def _check_data(args, train_data, test_data, n_classes) -> None:
@@ -284,7 +296,7 @@ def _check_fits_in_memory(args, sizes) -> None:
     est = memory.estimate(memory.mlp_params(sizes), args.optimizer, sizes=sizes, batch=args.batch_size,
                           **memory.PRECISIONS[args.precision])
     if est.total > available:
-        raise UsageError(f"--hidden {' '.join(map(str, args.hidden))} needs about {est.total / 1e9:.3g} GB for one "
+        raise UsageError(f"--hidden {' '.join(map(str, sizes[1:-1]))} needs about {est.total / 1e9:.3g} GB for one "
                          f"training step (params, gradients, optimizer state, activations; funcnet memory "
                          f"--sizes {','.join(map(str, sizes))} --batch {args.batch_size}) but this machine has "
                          f"{available / 1e9:.3g} GB; reduce --hidden or --batch-size")
@@ -493,8 +505,6 @@ def _parallel_flags(args) -> None:
     not start it, and nothing before this call creates an array."""
     from funcnet import parallel
 
-    if args.checkpoint_dir is not None:
-        raise UsageError("--checkpoint-dir is not supported with --devices/--parallel yet; leave one of them out")
     if args.batch_size % args.devices:
         lo, hi = args.batch_size // args.devices * args.devices, (args.batch_size // args.devices + 1) * args.devices
         raise UsageError(f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from funcnet import data as _data
+from funcnet import guards as _guards
 from funcnet import losses as _losses
 from funcnet import precision as _precision
 from funcnet.nn.module import Module, call, initial_state
@@ -165,7 +166,7 @@ def make_step(
     if not isinstance(model, Module):
         raise TypeError(f"make_step: model must be a funcnet.nn.Module, got {type(model).__name__}; "
                         f"build it with funcnet.nn (e.g. nn.MLP([64, 128, 10]))")
-    _check_tx(tx, "make_step")
+    _guards.check_tx(tx, "make_step")
     policy = None if policy is None else _precision.get_policy(policy)
 
     def loss_and_outputs(params, model_state, x, y, key, loss_scale):
@@ -258,19 +259,18 @@ def _sync_buffers(model_state, axis_name: str, buffers: str):
     return jax.tree.map(lambda b: jax.lax.psum(jnp.where(first, b, jnp.zeros_like(b)), axis_name), model_state)
 
 
-def _check_tx(tx, where: str) -> None:
-    if not (hasattr(tx, "init") and hasattr(tx, "update")):
-        hint = " (call it: optax.adam(1e-3), not optax.adam)" if callable(tx) else \
-            " such as optax.adam(1e-3)"
-        raise TypeError(f"{where}: tx must be an optax GradientTransformation{hint}, got {tx!r:.60}")
-
-
 def _check_step_args(state, batch) -> None:
     if not isinstance(state, TrainState):
         raise TypeError(f"step: the first argument must be the TrainState from create_train_state, got "
-                        f"{type(state).__name__}; call step(state, (x, y))")
+                        f"{_describe(state)}; call step(state, (x, y))")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise TypeError(f"step: the batch must be a pair (x, y), got {type(batch).__name__}; call step(state, (x, y))")
+        raise TypeError(f"step: the batch must be a pair (x, y), got {_describe(batch)}; call step(state, (x, y))")
+
+
+def _describe(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"an array of shape {tuple(value.shape)}"
+    return type(value).__name__
 
 
 @functools.partial(jax.jit, static_argnames=("step_fn", "batch_size"), donate_argnames=("state",))
@@ -349,6 +349,7 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
     ``scan=False`` the same batches are dispatched one compiled step at a time
     from Python (the torch-style loop), which gives the same result.
     """
+    _guards.check_step_fn(step)
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")
     batch_size = _data.check_batch_size(batch_size, len(x))
@@ -421,7 +422,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         on_epoch: Callable[[TrainState, dict], None] | None = None, start: Position | None = None,
         every_steps: int | None = None, on_steps: Callable[[TrainState, Position], None] | None = None,
         policy: Any = None, loss_scale: Any = None, metrics: Callable = default_metrics,
-        devices: int | None = None, parallel: str | None = None, buffers: str = "broadcast"):
+        devices: int | None = None, parallel: str | None = None, buffers: str = "broadcast",
+        check_finite: bool = True):
     """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
     Each epoch is one ``run_epoch`` (one compiled scan); per-epoch metrics are fetched
@@ -438,6 +440,10 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     see ``make_step``) with everything above unchanged: the same batches and keys, so the
     same result as one device up to float summation order; callbacks and the returned state
     see one local copy.
+
+    ``check_finite``: inputs with NaN/Inf are refused before anything compiles, and a
+    non-finite epoch loss or parameter raises ``guards.NonFiniteLossError`` naming the epoch,
+    before ``on_epoch`` sees the record (so a checkpoint callback keeps the last good state).
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -446,6 +452,13 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
                                     or every_steps < 1):
         raise ValueError(f"every_steps must be a positive int or None, got {every_steps!r}")
+    if check_finite:
+        _guards.check_fit_args(tx, train_data, test_data)
+    else:
+        _guards.check_tx(tx)
+        _guards.check_pair(train_data, "train_data")
+        if test_data is not None:
+            _guards.check_pair(test_data, "test_data")
     start = Position() if start is None else start
     x_tr, y_tr = train_data
     batch_size = _data.check_batch_size(batch_size, len(x_tr))
@@ -490,6 +503,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
                 scores = evaluate(model, local.params, *test_data, state=local.model_state, loss_fn=loss_fn,
                                   metrics=metrics)
                 record.update({f"test_{k}": v for k, v in scores.items()})
+            if check_finite:
+                _guards.check_finite_record(record, local.params)
             history.append(record)
             if on_epoch is not None:
                 on_epoch(local, record)
