@@ -73,6 +73,7 @@ def check_layer(ours: nn.Module, theirs: torch.nn.Module, inputs, *, train: bool
     torch_kwargs = kwargs if torch_kwargs is None else torch_kwargs
     theirs = theirs.to(_torch_dtype(dtype))
     theirs.train(train)
+    theirs.zero_grad(set_to_none=True)  # a module checked twice must not accumulate gradients
     inputs = [np.asarray(x, dtype) if np.issubdtype(np.asarray(x).dtype, np.floating) else np.asarray(x)
               for x in inputs]
 
