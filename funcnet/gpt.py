@@ -1,0 +1,329 @@
+"""A decoder-only GPT, nanoGPT-shaped, written with funcnet.nn so that it reads like its torch twin.
+
+torch counterpart: Karpathy's nanoGPT ``model.py`` (``GPT``, ``Block``,
+``CausalSelfAttention``, ``MLP``); ``comparisons/gpt.py`` holds that torch code beside this
+one and checks that the two train to the same losses from the same weights.
+
+- ``GPT(config)`` is an ``nn.Composite`` with nanoGPT's children, so the params have
+  nanoGPT's ``state_dict`` keys (``transformer.wte.weight``, ``transformer.h.0.attn.c_attn.weight``,
+  ..., ``lm_head.weight``). ``lm_head.weight`` is *tied* to ``transformer.wte.weight``: one
+  array, listed under both keys, whose gradient is the sum over both uses, as in torch.
+- ``apply(params, idx)``: idx ``(B, T)`` int, ``T <= block_size`` -> logits ``(B, T, vocab)``
+  at every position (nanoGPT returns only the last one when no targets are given); the
+  loss is ``funcnet.losses.cross_entropy(logits, targets)``, classes last, so
+  ``funcnet.make_step`` / ``fit`` train it unchanged.
+- ``generate``: nanoGPT's sampling loop (crop to ``block_size``, temperature, top-k),
+  compiled once as a ``lax.fori_loop`` over a fixed-size token buffer; deterministic per key.
+- ``configure_optimizers``: nanoGPT's AdamW (weight decay on matrices only) with torch's
+  ``clip_grad_norm_`` and a linear-warmup + cosine schedule, as one optax chain.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from funcnet import init as _init
+from funcnet import nn
+
+__all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
+           "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params"]
+
+
+class GPTConfig(NamedTuple):
+    """nanoGPT's ``GPTConfig``: ``block_size`` (longest context), ``vocab_size``, ``n_layer``,
+    ``n_head``, ``n_embd`` (``n_embd % n_head == 0``), ``dropout`` (one probability for
+    embeddings, attention weights and residual branches), ``bias`` (biases in Linears and
+    LayerNorms)."""
+
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float = 0.0
+    bias: bool = True
+
+
+def _check_config(config) -> GPTConfig:
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"GPT: config must be a GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, ...), "
+                        f"got {type(config).__name__}")
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"GPTConfig: {name} must be a positive int, got {value!r}")
+    if config.n_embd % config.n_head:
+        raise ValueError(f"GPTConfig: n_embd={config.n_embd} must be divisible by n_head={config.n_head} (each "
+                         f"head gets n_embd // n_head features); pick n_head among the divisors of {config.n_embd}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"GPTConfig: dropout is a drop probability in [0, 1), got {config.dropout!r}")
+    return config
+
+
+# nanoGPT's _init_weights: N(0, 0.02) for Linear and Embedding weights, zeros for biases.
+_normal_02 = functools.partial(_init.normal, std=0.02)
+
+
+def _linear(n_in, n_out, bias, dtype, std=0.02):
+    return nn.Linear(n_in, n_out, bias, weight_init=functools.partial(_init.normal, std=std),
+                     bias_init=_init.zeros, dtype=dtype)
+
+
+def _embedding(n, d, dtype):
+    # torch's Embedding starts at N(0, 1); nanoGPT re-initializes it to N(0, 0.02).
+    base = nn.Embedding(n, d, dtype=dtype)
+    return base._replace(init=lambda key: {"weight": _normal_02(key, (n, d), dtype)})
+
+
+def causal_attention(q, k, v, dropout=None):
+    """softmax(q k^T / sqrt(hs) + causal mask) v, per head: q, k, v ``(B, nh, T, hs)`` -> ``(B, nh, T, hs)``.
+
+    The scores and the softmax are computed in at least float32 (bf16/fp16 inputs give
+    float32 scores, as torch's autocast runs softmax in float32); the probabilities are
+    cast back to ``v``'s dtype for the second matmul. ``dropout(att)``, if given, is applied
+    to the attention probabilities (nanoGPT's ``attn_dropout``).
+    torch: ``F.scaled_dot_product_attention(q, k, v, is_causal=True)``.
+    """
+    stat = jnp.promote_types(q.dtype, jnp.float32)
+    T = q.shape[-2]
+    att = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=stat) * (1.0 / math.sqrt(k.shape[-1]))
+    mask = jnp.tril(jnp.ones((T, T), dtype=bool))
+    att = jnp.where(mask, att, -jnp.inf)  # the diagonal is always kept: no row is all -inf
+    att = jax.nn.softmax(att, axis=-1)
+    if dropout is not None:
+        att = dropout(att)
+    return jnp.einsum("bhqk,bhkd->bhqd", att.astype(v.dtype), v)
+
+
+def CausalSelfAttention(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
+    """nanoGPT's ``CausalSelfAttention``: x ``(B, T, C)`` -> ``(B, T, C)``; children ``c_attn``
+    (C -> 3C, q/k/v packed in that order), ``c_proj`` (init std 0.02/sqrt(2 n_layer)),
+    ``attn_dropout``, ``resid_dropout``."""
+    n_head, n_embd = config.n_head, config.n_embd
+
+    def forward(self, x):
+        B, T, C = x.shape  # batch, sequence length, embedding dimensionality (n_embd)
+        q, k, v = jnp.split(self.c_attn(x), 3, axis=2)
+        q = q.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
+        k = k.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+        v = v.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+        y = causal_attention(q, k, v, self.attn_dropout)
+        y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # re-assemble all head outputs side by side
+        return self.resid_dropout(self.c_proj(y))
+
+    return nn.Composite(
+        forward, name=f"CausalSelfAttention(n_embd={n_embd}, n_head={n_head})",
+        c_attn=_linear(n_embd, 3 * n_embd, config.bias, dtype),
+        c_proj=_linear(n_embd, n_embd, config.bias, dtype, std=0.02 / math.sqrt(2 * config.n_layer)),
+        attn_dropout=nn.Dropout(config.dropout), resid_dropout=nn.Dropout(config.dropout))
+
+
+def MLP(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
+    """nanoGPT's ``MLP``: ``dropout(c_proj(gelu(c_fc(x))))``, C -> 4C -> C, exact (erf) GELU."""
+    n_embd = config.n_embd
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = self.gelu(x)
+        x = self.c_proj(x)
+        return self.dropout(x)
+
+    return nn.Composite(
+        forward, name=f"MLP(n_embd={n_embd})",
+        c_fc=_linear(n_embd, 4 * n_embd, config.bias, dtype), gelu=nn.GELU(),
+        c_proj=_linear(4 * n_embd, n_embd, config.bias, dtype, std=0.02 / math.sqrt(2 * config.n_layer)),
+        dropout=nn.Dropout(config.dropout))
+
+
+def Block(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
+    """nanoGPT's pre-LN ``Block``: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+    return nn.Composite(
+        forward, name=f"Block(n_embd={config.n_embd}, n_head={config.n_head})",
+        ln_1=nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype),
+        attn=CausalSelfAttention(config, dtype=dtype),
+        ln_2=nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype),
+        mlp=MLP(config, dtype=dtype))
+
+
+def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
+    """nanoGPT's ``GPT``: idx ``(B, T)`` int (``T <= block_size``) -> logits ``(B, T, vocab_size)``.
+
+    params (nanoGPT's state_dict keys): ``transformer.{wte, wpe}.weight``,
+    ``transformer.h.{i}.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.*``,
+    ``transformer.ln_f.*`` and ``lm_head.weight``, the last tied to ``transformer.wte.weight``.
+    Init is nanoGPT's. ``dtype``: the parameters' dtype (float64 for checks against torch).
+    Dropout (``config.dropout > 0``) needs ``key`` and ``train=True``, as every funcnet layer.
+    """
+    config = _check_config(config)
+
+    def forward(self, idx):
+        if jnp.ndim(idx) != 2 or not jnp.issubdtype(jnp.result_type(idx), jnp.integer):
+            raise ValueError(f"GPT: idx must be token ids of shape (B, T) and an integer dtype, got "
+                             f"{nn.describe(idx)}; pass idx[None] for one sequence, ids.astype(jnp.int32)")
+        b, t = idx.shape
+        if t > config.block_size:
+            raise ValueError(f"GPT: cannot forward a sequence of length {t}, block size is only "
+                             f"{config.block_size}; crop it to idx[:, -{config.block_size}:] (generate does)")
+        pos = jnp.arange(0, t, dtype=jnp.int32)  # shape (t)
+        tok_emb = self.transformer.wte(idx)  # token embeddings of shape (b, t, n_embd)
+        pos_emb = self.transformer.wpe(pos)  # position embeddings of shape (t, n_embd)
+        x = self.transformer.drop(tok_emb + pos_emb)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)  # logits at every position (b, t, vocab_size)
+
+    transformer = nn.ModuleDict(dict(
+        wte=_embedding(config.vocab_size, config.n_embd, dtype),
+        wpe=_embedding(config.block_size, config.n_embd, dtype),
+        drop=nn.Dropout(config.dropout),
+        h=nn.ModuleList([Block(config, dtype=dtype) for _ in range(config.n_layer)]),
+        ln_f=nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype),
+    ))
+    return nn.Composite(
+        forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in config._asdict().items())})",
+        transformer=transformer, lm_head=_linear(config.n_embd, config.vocab_size, False, dtype),
+        tied={"lm_head.weight": "transformer.wte.weight"})
+
+
+def num_params(params, non_embedding: bool = True) -> int:
+    """nanoGPT's ``get_num_params``: the tied weight counted once; ``non_embedding`` leaves
+    out the position embeddings (the token embedding is the LM head and stays in)."""
+    n = sum(int(a.size) for a in jax.tree.leaves(params))
+    if non_embedding:
+        n -= int(params["transformer"]["wpe"]["weight"].size)
+    return n
+
+
+# ------------------------------------------------------------------------------ sampling
+def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, temperature: float = 1.0,
+             top_k: int | None = None, greedy: bool = False, block_size: int | None = None):
+    """nanoGPT's ``generate``: append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)`` -> ``(B, T0 + max_new_tokens)``.
+
+    Each new token comes from the logits at the last position of the context cropped to the
+    last ``block_size`` tokens (positions restart at 0 in the crop, as nanoGPT's
+    ``idx[:, -block_size:]``), divided by ``temperature``, restricted to the ``top_k``
+    largest, sampled (``jax.random.categorical``, torch's ``multinomial`` of the softmax)
+    with ``fold_in(key, i)`` at step i, or ``argmax`` when ``greedy``. The loop is one
+    ``lax.fori_loop`` over a fixed buffer, compiled once per (model, shapes,
+    ``max_new_tokens``, ``top_k``, ``greedy``); ``key`` and ``temperature`` change nothing
+    that needs a recompile. Dropout is off (``train=False``).
+
+    ``block_size`` defaults to the number of rows of the position embedding.
+    """
+    idx = jnp.asarray(idx)
+    if idx.ndim != 2 or not jnp.issubdtype(idx.dtype, jnp.integer):
+        raise ValueError(f"generate: idx must be token ids of shape (B, T) with an integer dtype, got "
+                         f"{nn.describe(idx)}")
+    if idx.shape[1] == 0:
+        raise ValueError("generate: idx has no tokens (shape (B, 0)); start from at least one token, e.g. "
+                         "the id of '\\n' as nanoGPT's sample.py does")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate: max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+        raise ValueError(f"generate: top_k must be None or a positive int, got {top_k!r}")
+    if not greedy and not float(temperature) > 0.0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature!r}; for argmax decoding pass "
+                         f"greedy=True")
+    if block_size is None:
+        block_size = int(params["transformer"]["wpe"]["weight"].shape[0])
+    return _generate(model, params, idx, key, jnp.asarray(temperature, jnp.float32),
+                     max_new_tokens=max_new_tokens, block_size=block_size, top_k=top_k, greedy=bool(greedy))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "block_size", "top_k", "greedy"))
+def _generate(model, params, idx, key, temperature, *, max_new_tokens, block_size, top_k, greedy):
+    B, T0 = idx.shape
+    total = T0 + max_new_tokens
+    W = min(block_size, total)  # the window the model sees; fixed size, so one compile
+    buf = jnp.zeros((B, total), idx.dtype).at[:, :T0].set(idx)
+
+    def body(i, buf):
+        length = T0 + i  # tokens so far
+        start = jnp.maximum(length - W, 0)
+        window = jax.lax.dynamic_slice(buf, (0, start), (B, W))
+        # causal attention: the logits at length-1 do not see the unwritten slots after it
+        logits = model.apply(params, window)
+        logits = jax.lax.dynamic_index_in_dim(logits, length - 1 - start, axis=1, keepdims=False)  # (B, V)
+        if greedy:
+            nxt = jnp.argmax(logits, axis=-1)
+        else:
+            logits = logits / temperature.astype(logits.dtype)
+            if top_k is not None:
+                v = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0]
+                logits = jnp.where(logits < v[:, -1:], -jnp.inf, logits)
+            nxt = jax.random.categorical(jax.random.fold_in(key, i), logits, axis=-1)
+        return jax.lax.dynamic_update_slice(buf, nxt[:, None].astype(buf.dtype), (0, length))
+
+    return jax.lax.fori_loop(0, max_new_tokens, body, buf)
+
+
+# ----------------------------------------------------------------------------- optimizer
+def decay_mask(params):
+    """True for the parameters nanoGPT decays: every tensor with ``ndim >= 2`` (Linear and
+    Embedding weights, the tied one once); biases and LayerNorm weights are not decayed."""
+    return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def clip_grad_norm(max_norm: float, eps: float = 1e-6) -> optax.GradientTransformation:
+    """torch's ``clip_grad_norm_(params, max_norm)`` as an optax transformation: every
+    gradient times ``min(max_norm / (total_norm + 1e-6), 1)``. ``optax.clip_by_global_norm``
+    divides by the norm without the 1e-6, a 1e-6 relative difference whenever it clips,
+    which AdamW then carries into every later step."""
+    if not max_norm > 0:
+        raise ValueError(f"clip_grad_norm: max_norm must be > 0, got {max_norm!r}")
+
+    def update(updates, state, params=None):
+        del params
+        norm = optax.global_norm(updates)
+        coef = jnp.minimum(max_norm / (norm + eps), 1.0)
+        return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def lr_schedule(learning_rate: float, warmup_steps: int, decay_steps: int, min_lr: float = 0.0):
+    """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then cosine decay to
+    ``min_lr`` at step ``decay_steps`` (warmup included), ``min_lr`` after:
+    ``optax.warmup_cosine_decay_schedule``, evaluated in the default float dtype. The torch twin is a ``LambdaLR`` of the same
+    formula (``comparisons/gpt.py``)."""
+    if not 0 <= warmup_steps <= decay_steps:
+        raise ValueError(f"lr_schedule: need 0 <= warmup_steps <= decay_steps, got warmup_steps={warmup_steps}, "
+                         f"decay_steps={decay_steps}")
+    schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, decay_steps, min_lr)
+
+    def lr(count):
+        # optax's step count is int32, and int32 / int is float32 even with 64-bit JAX: evaluate
+        # the formula in the default float dtype (float64 under x64), as torch does in Python floats
+        return schedule(jnp.asarray(count, jnp.result_type(float)))
+
+    return lr
+
+
+def configure_optimizers(*, learning_rate: float = 6e-4, weight_decay: float = 0.1, betas=(0.9, 0.95),
+                         eps: float = 1e-8, warmup_steps: int = 100, decay_steps: int = 5000,
+                         min_lr: float | None = None, grad_clip: float | None = 1.0) -> optax.GradientTransformation:
+    """nanoGPT's optimizer as one optax chain: ``clip_grad_norm(grad_clip)`` (skipped when
+    None or 0), then AdamW (``betas``, ``eps``) with ``weight_decay`` on ``decay_mask``
+    only and the learning rate of ``lr_schedule`` (``min_lr`` defaults to learning_rate / 10,
+    nanoGPT's choice).
+
+    torch: ``AdamW([{"params": decay, "weight_decay": wd}, {"params": nodecay,
+    "weight_decay": 0.0}], lr, betas)`` + ``clip_grad_norm_`` + ``LambdaLR``.
+    """
+    min_lr = learning_rate / 10 if min_lr is None else min_lr
+    schedule = lr_schedule(learning_rate, warmup_steps, decay_steps, min_lr)
+    adamw = optax.adamw(schedule, b1=betas[0], b2=betas[1], eps=eps, weight_decay=weight_decay, mask=decay_mask)
+    return optax.chain(clip_grad_norm(grad_clip), adamw) if grad_clip else optax.chain(adamw)
