@@ -27,7 +27,7 @@ from comparisons._terminal import print_result, print_summary  # noqa: F401 (the
 # The articles' order: tensors, then autograd, graphs, modules, the hand-written
 # net, the loop, then scaling up. Comparisons not listed here run after these.
 ORDER = [
-    "tensors", "autograd", "autograd_from_scratch", "dynamic_graph", "modules", "two_layer_net",
+    "tensors", "autograd", "autograd_from_scratch", "dynamic_graph", "modules", "buffers", "two_layer_net",
     "training_loop", "mixed_precision", "data_parallel", "memory", "performance", "paradigms",
 ]
 # The comparisons whose float64 mode is part of the contract (agreement to ~1e-10).
