@@ -1,6 +1,7 @@
 """Activations against torch.nn, through tests/torch_oracle.check_layer."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -105,3 +106,14 @@ def test_softmax_dim_out_of_range_fails_at_apply():
     with pytest.raises(ValueError, match=r"Softmax\(dim=2\): input of shape \(3, 4\) has 2 dimensions, "
                                          r"expected dim in \[-2, 1\]"):
         nn.Softmax(2).apply({}, np.zeros((3, 4), np.float32))
+
+
+def test_softmax_statistics_are_float32_for_bf16_inputs():
+    """torch autocast runs softmax in float32; a bf16 sum of exponentials over many classes
+    loses the small terms. Oracle: the float32 softmax of the same bf16 values, rounded once."""
+    x = (jnp.arange(2048, dtype=jnp.float32) / 97.0).astype(jnp.bfloat16)
+    for layer, fn in ((nn.Softmax(dim=-1), jax.nn.softmax), (nn.LogSoftmax(dim=-1), jax.nn.log_softmax)):
+        got = layer.apply({}, x)
+        assert got.dtype == jnp.bfloat16
+        want = fn(x.astype(jnp.float32)).astype(jnp.bfloat16)
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))

@@ -238,3 +238,17 @@ def test_bad_inputs_name_the_expected_shape():
         m.apply(params, x, jnp.zeros((S, 2, E)), jnp.zeros((S, 2, E)))
     with pytest.raises(ValueError, match="3-D"):
         m.apply(params, jnp.zeros((1, L, N, E)), kv, kv)
+
+
+def test_attention_softmax_is_float32_for_bf16_inputs():
+    """Oracle: the same attention computed in float32 from the bf16 params and inputs; the bf16
+    result stays within bf16 rounding of it (a bf16 softmax over 64 keys would drift further)."""
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    params = mha.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 64, 16))
+    p16, x16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), (params, x))
+    out16, w16 = mha.apply(p16, x16, x16, x16)
+    p32, x32 = jax.tree.map(lambda a: a.astype(jnp.float32), (p16, x16))
+    out32, w32 = mha.apply(p32, x32, x32, x32)
+    assert out16.dtype == jnp.bfloat16 and w16.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(w16, np.float32), np.asarray(w32), rtol=2 ** -7, atol=2 ** -12)

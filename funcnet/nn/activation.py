@@ -121,9 +121,12 @@ def _softmax_layer(kind: str, dim, fn) -> Module:
         if not -rank <= dim < rank:
             raise ValueError(f"{kind}(dim={dim}): input of shape {tuple(x.shape)} has {x.ndim} dimensions, "
                              f"expected dim in [{-rank}, {rank - 1}]; pass a dim the input has")
+        # in float32 for 16-bit inputs (torch autocast runs softmax/log_softmax in float32); the
+        # result comes back in the input's dtype
+        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
         if x.ndim == 0:
-            return fn(x[None], axis=0)[0]
-        return fn(x, axis=dim)
+            return fn(wide[None], axis=0)[0].astype(x.dtype)
+        return fn(wide, axis=dim).astype(x.dtype)
 
     return Module(_no_params, apply, name=f"{kind}(dim={dim})")
 

@@ -172,7 +172,10 @@ def MultiheadAttention(
             # scaled_dot_product_attention's is_causal: query i sees keys j <= i (top-left aligned)
             allowed = jnp.tril(jnp.ones((L, src_len), bool))
             scores = jnp.where(allowed, scores, -jnp.inf)
-        weights = jax.nn.softmax(scores, axis=-1) if need_weights else _softmax_zero_if_all_masked(scores)
+        # softmax statistics in float32 for 16-bit inputs, as torch autocast runs softmax in float32
+        wide = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
+        weights = jax.nn.softmax(wide, axis=-1) if need_weights else _softmax_zero_if_all_masked(wide)
+        weights = weights.astype(scores.dtype)
         if train and dropout > 0.0:
             if key is None:
                 raise ValueError(f"{name} in train mode drops attention weights and needs a PRNG key: call "
