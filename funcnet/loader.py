@@ -1,0 +1,337 @@
+"""Streaming training data from files on disk: record shards, worker processes, prefetch to
+the device, per-example augmentation on the host, a seeded order and a resumable position.
+
+torch counterpart::
+
+    loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True,
+                        num_workers=k, pin_memory=True)
+
+Built on grain (Google's data loader for JAX): ``write_records`` stores examples as
+ArrayRecord shards; ``Loader`` reads them through a ``grain.MapDataset`` (random access, so
+the batch at any position of the run can be rebuilt without replaying the ones before it),
+runs the per-example work in ``workers`` processes (``mp_prefetch``), and keeps the next
+batches already on the device (``grain.experimental.device_put``).
+
+- Order: epoch ``e`` visits the examples in the permutation ``index_shuffle(seed + e)`` (grain's
+  stateless shuffle); the last partial batch is dropped (torch's ``drop_last=True``), so every
+  epoch has ``n // batch_size`` steps of one shape and the step compiles once.
+- Augmentation: ``augment(example, rng)`` runs per example on the host, its
+  ``np.random.Generator`` drawn from ``(seed, position in the run)`` (grain's ``random_map``),
+  so a batch is the same whichever worker builds it and whenever it is rebuilt.
+- Position: batch ``s`` of the run is a pure function of ``(files, seed, batch_size, s)``;
+  ``fit_stream`` takes it from ``state.step``, so a run killed mid-epoch and resumed from a
+  saved ``TrainState`` sees the same batches and ends bitwise equal to an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+__all__ = ["write_records", "Records", "CropFlip", "Loader", "fit_stream"]
+
+_META = "records.json"
+
+
+def _grain():
+    try:
+        import grain
+    except ImportError:  # pragma: no cover - grain is a dependency
+        raise ImportError("funcnet.loader needs grain (pip install grain), Google's data loader for JAX") from None
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        # grain <= 0.2.18 reads an absl flag in mp_prefetch and raises UnparsedFlagAccessError in
+        # programs that never parse absl flags (google/grain#1355, fixed by #1362): use the defaults.
+        flags.FLAGS.mark_as_parsed()
+    return grain
+
+
+def write_records(directory: str | os.PathLike, x, y, *, shards: int = 4) -> Path:
+    """Write ``x`` (``(n, *shape)``, any numpy dtype: uint8 images stay uint8) and ``y`` (``(n,)``
+    int class indices) as ``shards`` ArrayRecord files plus ``records.json`` in ``directory``.
+
+    Each record is the label (int64, little-endian) followed by the example's raw bytes.
+    Returns ``directory`` as a Path. torch has no file format of its own for this
+    (``torch.save`` of the whole tensor, or a ``Dataset`` over image files).
+    """
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    x, y = np.ascontiguousarray(x), np.asarray(y)
+    if x.ndim < 1 or y.ndim != 1 or len(x) != len(y):
+        raise ValueError(f"write_records: x of shape {x.shape} and y of shape {y.shape} must share their first "
+                         f"axis, y of shape (n,); pass x: (n, *shape), y: (n,)")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"write_records: y must hold integer class indices, got dtype {y.dtype}")
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= max(len(x), 1):
+        raise ValueError(f"write_records: shards must be an int in [1, {len(x)}] (one example per shard at "
+                         f"most), got {shards!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"shard-{i:05d}-of-{shards:05d}.array_record" for i in range(shards)]
+    bounds = np.linspace(0, len(x), shards + 1).astype(int)
+    for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
+        # group_size:1: each record its own chunk, so a random read decodes one example
+        writer = ArrayRecordWriter(str(directory / name), "group_size:1")
+        for i in range(lo, hi):
+            writer.write(np.int64(y[i]).astype("<i8").tobytes() + x[i].tobytes())
+        writer.close()
+    meta = {"count": int(len(x)), "shape": list(x.shape[1:]), "dtype": x.dtype.str, "shards": names}
+    (directory / _META).write_text(json.dumps(meta))
+    return directory
+
+
+class Records:
+    """The examples ``write_records`` wrote, random access: ``records[i] -> (x_i, y_i)`` as
+    numpy (``x_i`` of the written shape and dtype, ``y_i`` an int64 scalar); ``len(records)``.
+
+    A ``grain.RandomAccessDataSource``; it also serves as a torch map-style ``Dataset`` (the
+    benchmarks read the same files from torch's DataLoader). Files open lazily in each process.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        meta_path = self.directory / _META
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{meta_path} not found: {self.directory} holds no records; write them with "
+                                    f"funcnet.loader.write_records(directory, x, y)")
+        meta = json.loads(meta_path.read_text())
+        self.count, self.shape, self.dtype = meta["count"], tuple(meta["shape"]), np.dtype(meta["dtype"])
+        self.paths = [str(self.directory / name) for name in meta["shards"]]
+        missing = [p for p in self.paths if not os.path.isfile(p)]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} of {len(self.paths)} shards listed in {meta_path} are missing, "
+                                    f"e.g. {missing[0]}; write the records again")
+        self._source = None
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _open(self):
+        if self._source is None:
+            self._source = _grain().sources.ArrayRecordDataSource(self.paths)
+        return self._source
+
+    def _decode(self, raw: bytes):
+        return (np.frombuffer(raw, self.dtype, offset=8).reshape(self.shape),
+                np.frombuffer(raw, "<i8", count=1)[0])
+
+    def __getitem__(self, index):
+        return self._decode(self._open()[int(index)])
+
+    def __getitems__(self, indices):  # grain and torch both batch reads through this
+        return [self._decode(raw) for raw in self._open().__getitems__([int(i) for i in indices])]
+
+    def __getstate__(self):  # worker processes reopen the files themselves
+        return {**self.__dict__, "_source": None}
+
+
+class CropFlip:
+    """torchvision's ``RandomCrop(size, padding)`` then ``RandomHorizontalFlip()`` on one
+    ``(C, H, W)`` (or ``(H, W)``) numpy image: zero-pad ``padding`` pixels on every side, cut
+    an ``H x W`` window at a uniform offset, mirror it left-right with probability 1/2.
+
+    ``crop_flip((image, label), rng) -> (image, label)``: grain's ``random_map`` signature.
+    """
+
+    def __init__(self, padding: int = 4):
+        if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+            raise ValueError(f"CropFlip: padding must be an int >= 0, got {padding!r}")
+        self.padding = padding
+
+    def __call__(self, example, rng: np.random.Generator):
+        image, label = example
+        if image.ndim < 2:
+            raise ValueError(f"CropFlip: an image of shape (C, H, W) or (H, W) is needed, got shape {image.shape}; "
+                             f"write the records with x reshaped to images (e.g. (n, 1, 8, 8))")
+        p, (h, w) = self.padding, image.shape[-2:]
+        dy, dx = rng.integers(0, 2 * p + 1, size=2)
+        flip = rng.random() < 0.5
+        padded = np.pad(image, [(0, 0)] * (image.ndim - 2) + [(p, p), (p, p)])
+        out = padded[..., dy:dy + h, dx:dx + w]
+        return np.ascontiguousarray(out[..., ::-1] if flip else out), label
+
+    def __repr__(self) -> str:
+        return f"CropFlip(padding={self.padding})"
+
+
+class _Locate:
+    # Element i of the run -> the record it reads: epoch i // used, that epoch's permutation.
+    def __init__(self, records: Records, used: int, seed: int):
+        self.records, self.used, self.seed = records, used, seed
+
+    def __call__(self, i):
+        epoch, pos = divmod(int(i), self.used)
+        index = _grain().experimental.index_shuffle(pos, max_index=len(self.records) - 1,
+                                                    seed=(self.seed + epoch) % 2**32, rounds=4)
+        return self.records[index]
+
+
+class _Scale:
+    # A batch of stored examples -> float32 in [0, 1] for integer images, flattened if asked.
+    def __init__(self, flatten: bool):
+        self.flatten = flatten
+
+    def __call__(self, batch):
+        x, y = batch
+        scale = np.iinfo(x.dtype).max if np.issubdtype(x.dtype, np.integer) else 1
+        x = x.astype(np.float32) / np.float32(scale)  # as funcnet.data scales MNIST: / 255
+        return (x.reshape(len(x), -1) if self.flatten else x), y.astype(np.int32)
+
+
+class Loader:
+    """Shuffled, augmented batches of the records in ``directory``, ready on the device.
+
+    ``Loader(directory, batch_size, seed=0, workers=0, augment=None, flatten=True, prefetch=2)``;
+    ``loader.batches(start, stop)`` yields batches ``start .. stop-1`` of the run as
+    ``(x, y)`` jax arrays: ``x`` float32 ``(batch_size, *shape)`` (flattened to
+    ``(batch_size, features)`` with ``flatten=True``, the layout of ``funcnet.data``; integer
+    images scaled to [0, 1]), ``y`` int32 ``(batch_size,)``. Batch ``s`` belongs to epoch
+    ``s // loader.steps_per_epoch``.
+
+    ``workers=k``: k processes build the batches (grain's ``mp_prefetch``; 0 builds them in this
+    process); ``prefetch``: how many batches wait on the device (a background thread moves
+    them, so host work overlaps the step even with 0 workers). ``augment(example, rng)``:
+    per-example, e.g. ``CropFlip(4)``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, batch_size: int, *, seed: int = 0, workers: int = 0,
+                 augment: Callable | None = None, flatten: bool = True, prefetch: int = 2):
+        self.records = Records(directory)
+        n = len(self.records)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= n:
+            raise ValueError(f"Loader: batch_size must be an int in [1, {n}] (the records hold {n} examples), "
+                             f"got {batch_size!r}")
+        for name, value, low in (("seed", seed, 0), ("workers", workers, 0), ("prefetch", prefetch, 1)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"Loader: {name} must be an int >= {low}, got {value!r}")
+        if augment is not None and not callable(augment):
+            raise TypeError(f"Loader: augment must be a function (example, rng) -> example, got {augment!r}")
+        self.batch_size, self.seed, self.workers, self.prefetch = int(batch_size), int(seed), int(workers), prefetch
+        self.augment, self.flatten = augment, flatten
+        self.steps_per_epoch = n // self.batch_size
+
+    def dataset(self, stop: int):
+        """The ``grain.MapDataset`` of batches ``0 .. stop-1`` on the host (numpy), before workers."""
+        grain = _grain()
+        used = self.steps_per_epoch * self.batch_size
+        ds = grain.MapDataset.range(stop * self.batch_size).map(_Locate(self.records, used, self.seed))
+        if self.augment is not None:
+            ds = ds.random_map(self.augment, seed=self.seed)
+        return ds.batch(self.batch_size, drop_remainder=True).map(_Scale(self.flatten))
+
+    def batches(self, start: int, stop: int) -> Iterator[tuple[Any, Any]]:
+        """Batches ``start .. stop-1`` of the run, each ``(x, y)`` on the default device."""
+        if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= stop:
+            raise ValueError(f"Loader.batches: need 0 <= start <= stop, got start={start!r}, stop={stop!r}")
+        if start == stop:
+            return _Closing(iter(()))
+        import jax
+
+        grain = _grain()
+        ds = self.dataset(stop)[start:]
+        # Threads would fight the training step for the GIL; the parallelism is the workers'.
+        it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        if self.workers:
+            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=2))
+        it = grain.experimental.device_put(it, jax.devices()[0], cpu_buffer_size=self.prefetch,
+                                           device_buffer_size=self.prefetch)
+        return _Closing(iter(it))
+
+    def __repr__(self) -> str:
+        return (f"Loader({str(self.records.directory)!r}, batch_size={self.batch_size}, seed={self.seed}, "
+                f"workers={self.workers}, augment={self.augment!r})")
+
+
+class _Closing:
+    # Stops the worker processes when the iteration ends early (an exception, a kill signal
+    # handler unwinding) instead of leaving them to the garbage collector.
+    def __init__(self, it):
+        self.it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.it)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        close = getattr(self.it, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def fit_stream(model, tx, loader: Loader, *, epochs: int, key, state=None, loss_fn=None,
+               every_steps: int | None = None, on_steps: Callable | None = None,
+               on_epoch: Callable | None = None, partial_metrics: dict | None = None, **step_kwargs):
+    """``funcnet.fit`` for data streamed from disk: ``(state, history)`` after epoch ``epochs``.
+
+    Each batch from ``loader`` goes through one ``make_step(model, tx, loss_fn, **step_kwargs)``
+    call; the history holds one record per epoch run (``epoch``, ``step``, ``train_loss`` and
+    ``train_accuracy`` as the mean of the per-step metrics, as in ``fit``). Where the run stands
+    is ``state.step``: batch ``state.step`` is next. With ``every_steps=n``,
+    ``on_steps(state, partial_metrics)`` is called whenever ``state.step`` reaches a multiple of
+    n inside an epoch; to resume, pass that ``state`` and ``partial_metrics`` (the epoch's
+    per-step metrics so far, numpy) back: the run then ends bitwise equal to an uninterrupted one.
+    """
+    import jax
+
+    from funcnet import losses as _losses
+    from funcnet import train as _train
+
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"fit_stream: epochs must be a non-negative int, got {epochs!r}")
+    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
+                                    or every_steps < 1):
+        raise ValueError(f"fit_stream: every_steps must be a positive int or None, got {every_steps!r}")
+    if not isinstance(loader, Loader):
+        raise TypeError(f"fit_stream: loader must be a funcnet.loader.Loader, got {type(loader).__name__}")
+    step_fn = _train.make_step(model, tx, _losses.cross_entropy if loss_fn is None else loss_fn, **step_kwargs)
+    if state is None:
+        state = _train.create_train_state(model, tx, key)
+    per_epoch, done = loader.steps_per_epoch, int(state.step)
+    if done > epochs * per_epoch:
+        raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")
+    parts = [partial_metrics] if partial_metrics is not None and done % per_epoch else []
+    if sum(len(p["loss"]) for p in parts) != done % per_epoch:
+        raise ValueError(f"fit_stream: state.step {done} is step {done % per_epoch} of its epoch, so partial_metrics "
+                         f"must hold that many steps; pass the ones on_steps gave with this state")
+    history, pending = [], []
+
+    def flush():
+        if pending:
+            parts.append(jax.tree.map(lambda *m: np.stack([np.asarray(v) for v in m]), *pending))
+            pending.clear()
+
+    with loader.batches(done, epochs * per_epoch) as batches:
+        for s, batch in enumerate(batches, start=done):
+            state, metrics = step_fn(state, batch)
+            pending.append(metrics)
+            s += 1
+            if s % per_epoch == 0:
+                flush()
+                epoch_metrics = jax.tree.map(lambda *p: np.concatenate(p), *parts)
+                parts.clear()
+                record = {"epoch": s // per_epoch, "step": s}
+                record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()})
+                history.append(record)
+                if on_epoch is not None:
+                    on_epoch(state, record)
+            elif every_steps is not None and on_steps is not None and s % every_steps == 0:
+                flush()
+                on_steps(state, jax.tree.map(lambda *p: np.concatenate(p), *parts))
+    return state, history
