@@ -26,7 +26,8 @@ import numpy as np
 
 __all__ = [
     "Estimate", "Measured", "OPTIMIZER_SLOTS", "PRECISIONS", "parse_count", "dtype_bytes", "tree_bytes",
-    "mlp_params", "mlp_activations", "estimate", "estimate_tree", "measure", "format_table", "main",
+    "mlp_params", "mlp_activations", "transformer_params", "transformer_activations", "RECOMPUTE",
+    "estimate", "estimate_tree", "measure", "format_table", "main",
 ]  # fmt: skip
 
 # Per-parameter state arrays each optimizer keeps (same shape as the parameter):
@@ -141,8 +142,15 @@ def dtype_bytes(dtype: Any) -> int:
 
 
 def tree_bytes(tree: Any) -> int:
-    """Sum of ``size * itemsize`` over the leaves (arrays or ``jax.ShapeDtypeStruct``s)."""
-    return sum(math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(tree))
+    """Sum of ``size * itemsize`` over the leaves (arrays or ``jax.ShapeDtypeStruct``s); a PRNG
+    key counts its key data (8 bytes for the default threefry key)."""
+    return sum(math.prod(leaf.shape) * _itemsize(leaf.dtype) for leaf in jax.tree.leaves(tree))
+
+
+def _itemsize(dtype) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # PRNG keys: jnp.dtype cannot read them
+        return int(dtype.itemsize)
+    return int(jnp.dtype(dtype).itemsize)
 
 
 def _sizes(sizes: Sequence[int]) -> list[int]:
@@ -175,6 +183,85 @@ def mlp_activations(sizes: Sequence[int], batch: int, dtype: Any = "float32") ->
     return int(batch) * sum(sizes) * dtype_bytes(dtype)
 
 
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _positive(name: str, value: Any) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def transformer_params(layers: int, hidden: int, vocab: int, seq: int, *, mlp_ratio: int = 4, bias: bool = True,
+                       tied: bool = True) -> int:
+    """Parameters of a GPT (nanoGPT's ``GPT``, ``funcnet.gpt.GPT``), counted by shape.
+
+    Per layer: the qkv projection ``h x 3h``, the attention output ``h x h``, the MLP's
+    ``h x rh`` and ``rh x h`` (r = ``mlp_ratio``), two LayerNorm weights; with ``bias``
+    also their biases and the LayerNorm biases: ``(4 + 2r) h^2 + (9 + r) h`` (12h^2 + 13h
+    at r = 4). Plus token (``vocab x h``) and position (``seq x h``) embeddings, the final
+    LayerNorm, and the LM head ``vocab x h`` unless ``tied`` to the token embedding.
+    LLaMA-7B's shape (32 layers, h 4096, vocab 32000) is 6.6e9 by this count (LLaMA's
+    SwiGLU MLP with r = 8/3 and untied head make it 6.7e9).
+    """
+    L, h = _positive("layers", layers), _positive("hidden", hidden)
+    V, s, r = _positive("vocab", vocab), _positive("seq", seq), _positive("mlp_ratio", mlp_ratio)
+    per_layer = (4 + 2 * r) * h * h + ((3 + 1 + r + 1) * h + 4 * h if bias else 2 * h)
+    final_ln = 2 * h if bias else h
+    return L * per_layer + V * h + s * h + final_ln + (0 if tied else V * h)
+
+
+def transformer_activations(layers: int, hidden: int, heads: int, seq: int, batch: int, *, vocab: int = 0,
+                            bytes_per_value: int = 2, recompute: str = "none", flash: bool = False,
+                            dropout: bool = True, logits_bytes: int = 4) -> int:
+    """Bytes of activations a GPT's backward pass keeps, per Korthikanti et al. 2022
+    ("Reducing Activation Recomputation in Large Transformer Models", section 4).
+
+    Per layer, with s = ``seq``, b = ``batch``, h = ``hidden``, a = ``heads`` and p =
+    ``bytes_per_value`` (2 in the paper: 16-bit activations, 1-byte dropout masks):
+
+    - attention: LayerNorm output (the qkv input) ``psbh``, Q and K ``2psbh``, softmax
+      output ``p a s^2 b``, its dropout mask ``a s^2 b`` and output ``p a s^2 b``, V
+      ``psbh``, the output projection's input ``psbh``, its dropout mask ``sbh``;
+    - MLP: its input ``psbh``, the GELU input ``4psbh`` and output ``4psbh``, dropout mask ``sbh``;
+    - the two LayerNorm inputs ``2psbh``.
+
+    That is ``sbh (16p + 2) + a s^2 b (2p + 1)``, the paper's ``sbh (34 + 5as/h)`` at p = 2.
+    ``dropout=False`` (nanoGPT's dropout 0, funcnet.gpt's default) drops the masks and the
+    dropout outputs: ``16 p sbh + p a s^2 b``.
+
+    ``recompute``: ``"none"``; ``"selective"`` recomputes the attention core (softmax,
+    its dropout, the attention over V), dropping the ``a s^2 b`` terms; ``"full"`` keeps
+    only each layer's input, ``p sbh`` (the paper's 2sbh), and recomputes the rest during
+    the backward (one layer at a time; that working memory is not counted, as in the paper).
+    ``flash``: an attention kernel that keeps no ``s x s`` matrix (FlashAttention, torch's
+    ``scaled_dot_product_attention`` fused kernels) drops the ``a s^2 b`` terms too.
+
+    Outside the layers (``vocab`` > 0 adds them, section 4.3 of the paper): the embedding
+    dropout mask ``sbh`` (with ``dropout``), the final LayerNorm's input and the LM head's
+    input ``2psbh``, and the logits that the cross entropy keeps, in ``logits_bytes``
+    (float32 in the paper: ``4sbv``).
+    """
+    L, h, a = _positive("layers", layers), _positive("hidden", hidden), _positive("heads", heads)
+    s, b, p = _positive("seq", seq), _positive("batch", batch), _positive("bytes_per_value", bytes_per_value)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
+    if not isinstance(vocab, (int, np.integer)) or isinstance(vocab, bool) or vocab < 0:
+        raise ValueError(f"vocab must be an int >= 0 (0 leaves out the embeddings and logits), got {vocab!r}")
+    sbh, as2b = s * b * h, a * s * s * b
+    mask = 1 if dropout else 0
+    if recompute == "full":
+        per_layer = p * sbh
+    else:
+        per_layer = sbh * (16 * p + 2 * mask)
+        if recompute == "none" and not flash:
+            per_layer += as2b * (p + mask * (p + 1))
+    outside = 0
+    if vocab:
+        outside = mask * sbh + 2 * p * sbh + _positive("logits_bytes", logits_bytes) * s * b * int(vocab)
+    return L * per_layer + outside
+
+
 def _check_bytes(value: Any) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
         raise ValueError(f"activations must be a number of bytes >= 0 (an int), got {value!r}")
@@ -182,7 +269,7 @@ def _check_bytes(value: Any) -> int:
 
 
 def estimate(
-    n_params: int | float | str,
+    n_params: int | float | str | None = None,
     optimizer: str = "adam",
     param_dtype: Any = "float32",
     *,
@@ -193,6 +280,15 @@ def estimate(
     activations: int = 0,
     sizes: Sequence[int] | None = None,
     batch: int | None = None,
+    layers: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    vocab: int | None = None,
+    seq: int | None = None,
+    mlp_ratio: int = 4,
+    recompute: str = "none",
+    flash: bool = False,
+    dropout: bool = True,
 ) -> Estimate:
     """Closed-form bytes of one training step of ``n_params`` parameters.
 
@@ -207,9 +303,33 @@ def estimate(
     - activations: ``activations`` bytes as given, or ``mlp_activations(sizes,
       batch, compute_dtype)`` (``compute_dtype`` defaults to ``param_dtype``).
 
+    A GPT's shapes (``layers``, ``hidden``, ``heads``, ``vocab``, ``seq``, ``batch``,
+    ``mlp_ratio``) give both: the parameter count from ``transformer_params`` (the LM head
+    tied, as nanoGPT) and the activations from ``transformer_activations`` in
+    ``compute_dtype`` bytes per value, with ``recompute``, ``flash`` and ``dropout`` as there.
+
     ``estimate("7B", "adam")`` is 28e9 / 28e9 / 56e9 bytes; with
     ``**PRECISIONS["bf16"]`` it is 14e9 + 14e9 + 28e9 (master) + 56e9.
     """
+    shapes = dict(layers=layers, hidden=hidden, heads=heads, vocab=vocab, seq=seq)
+    if any(v is not None for v in shapes.values()):
+        missing = [k for k, v in dict(shapes, batch=batch).items() if v is None]
+        if missing:
+            raise ValueError(f"transformer shapes need layers, hidden, heads, vocab, seq and batch; missing "
+                             f"{', '.join(missing)}")
+        if sizes is not None or activations:
+            raise ValueError("give the activations as transformer shapes or as sizes/activations, not both")
+        counted = transformer_params(layers, hidden, vocab, seq, mlp_ratio=mlp_ratio)
+        if n_params is not None and parse_count(n_params) != counted:
+            raise ValueError(f"n_params {n_params!r} disagrees with the {counted:,} parameters of these transformer "
+                             f"shapes; leave n_params out to count them from the shapes")
+        n_params = counted
+        activations = transformer_activations(
+            layers, hidden, heads, seq, batch, vocab=vocab, recompute=recompute, flash=flash, dropout=dropout,
+            bytes_per_value=dtype_bytes(param_dtype if compute_dtype is None else compute_dtype))
+        batch = None
+    if n_params is None:
+        raise ValueError("give n_params (e.g. '7B') or transformer shapes (layers, hidden, heads, vocab, seq, batch)")
     n = parse_count(n_params)
     if not isinstance(optimizer, str) or optimizer.lower() not in OPTIMIZER_SLOTS:
         raise ValueError(f"unknown optimizer {optimizer!r}: expected one of {sorted(OPTIMIZER_SLOTS)}")
@@ -325,27 +445,101 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+# The batch x sequence-length grid ``funcnet memory --transformer`` prints the activation row over.
+GRID_BATCH = (1, 2, 4, 8)
+GRID_SEQ = (512, 1024, 2048, 4096)
+
+
+def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, int, int]]]:
+    """A rich Table of activation GB over GRID_BATCH x GRID_SEQ, and the (batch, seq, bytes)
+    cells between 20 and 50 GB (the articles' range)."""
+    from rich.table import Table
+
+    table = Table(title=f"activations (GB) by batch x sequence length: {args.layers} layers, hidden {args.hidden}, "
+                        f"{args.heads} heads, {bytes_per_value}-byte values, recompute={args.recompute}"
+                        f"{', flash' if args.flash else ''}; * = within the articles' 20-50 GB")
+    table.add_column("batch \\ seq", justify="right")
+    for s in GRID_SEQ:
+        table.add_column(str(s), justify="right")
+    inside = []
+    for b in GRID_BATCH:
+        row = []
+        for s in GRID_SEQ:
+            act = transformer_activations(args.layers, args.hidden, args.heads, s, b, vocab=args.vocab,
+                                          bytes_per_value=bytes_per_value, recompute=args.recompute,
+                                          flash=args.flash, dropout=not args.no_dropout)
+            mark = 20e9 <= act <= 50e9
+            inside += [(b, s, act)] if mark else []
+            row.append(f"{act / 1e9:.1f}{'*' if mark else ' '}")
+        table.add_row(str(b), *row)
+    return table, inside
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``funcnet memory``: print the estimate table; returns the exit status."""
     from rich.console import Console
 
     parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
-    parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes)")
+    parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes or "
+                                         "the --transformer shapes)")
     parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
     parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
                         help="bf16/fp16: half params and grads, float32 master copy and state")  # fmt: skip
     parser.add_argument("--sizes", help="MLP layer sizes for the activations, e.g. 784,128,10")
-    parser.add_argument("--batch", type=int, help="batch size for the activations (with --sizes)")
+    parser.add_argument("--batch", type=int, help="batch size for the activations (with --sizes or --transformer)")
     parser.add_argument("--activations", default="0", help="activation bytes, e.g. 20e9 (instead of --sizes/--batch)")
+    t = parser.add_argument_group("transformer (Korthikanti et al. 2022 activations)")
+    t.add_argument("--transformer", action="store_true", help="derive the activations from a GPT's shapes")
+    t.add_argument("--layers", type=int, help="number of layers, e.g. 32")
+    t.add_argument("--hidden", type=int, help="hidden size, e.g. 4096")
+    t.add_argument("--heads", type=int, help="attention heads, e.g. 32")
+    t.add_argument("--vocab", type=int, default=0, help="vocabulary size, e.g. 32000 (adds embeddings and logits)")
+    t.add_argument("--seq", type=int, help="sequence length, e.g. 2048")
+    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default 4)")
+    t.add_argument("--activation-dtype", default="bf16",
+                   help="dtype of the kept activations (default bf16: the paper's 16-bit activations)")
+    t.add_argument("--recompute", default="none", choices=RECOMPUTE, help="activation recomputation (default none)")
+    t.add_argument("--flash", action="store_true", help="attention that keeps no s x s scores (FlashAttention)")
+    t.add_argument("--no-dropout", action="store_true", help="no dropout masks (nanoGPT's dropout=0)")
     args = parser.parse_args(argv)
+    grid = None
     try:
         sizes = _parse_sizes(args.sizes) if args.sizes else None
-        if args.params is None and sizes is None:
-            raise ValueError("give --params (e.g. 7B) or --sizes (e.g. 784,128,10) to count them from")
-        n = parse_count(args.params) if args.params is not None else mlp_params(sizes)
-        act = parse_count(args.activations)
-        if (sizes is None) != (args.batch is None):
-            raise ValueError("--sizes and --batch go together: activations need the layer sizes and the batch size")
+        shapes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq")}
+        if args.transformer:
+            missing = [f"--{k}" for k, v in dict(shapes, batch=args.batch).items() if v is None]
+            if missing:
+                raise ValueError(f"--transformer needs {', '.join(missing)} (e.g. --layers 32 --hidden 4096 "
+                                 f"--heads 32 --vocab 32000 --seq 2048 --batch 1)")
+            if sizes is not None or args.activations != "0":
+                raise ValueError("--transformer derives the activations: leave out --sizes and --activations")
+            for k, v in dict(shapes, batch=args.batch, mlp_ratio=args.mlp_ratio).items():
+                if v <= 0 or v > 10**7:
+                    raise ValueError(f"--{k.replace('_', '-')} must be a positive integer up to 1e7, got {v}")
+            if not 0 <= args.vocab <= 10**8:
+                raise ValueError(f"--vocab must be an integer in [0, 1e8], got {args.vocab}")
+            if args.hidden % args.heads:
+                raise ValueError(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+            value_bytes = dtype_bytes(args.activation_dtype)
+            counted = transformer_params(args.layers, args.hidden, max(args.vocab, 1), args.seq,
+                                         mlp_ratio=args.mlp_ratio)
+            n = parse_count(args.params) if args.params is not None else counted
+            act = transformer_activations(args.layers, args.hidden, args.heads, args.seq, args.batch,
+                                          vocab=args.vocab, bytes_per_value=value_bytes, recompute=args.recompute,
+                                          flash=args.flash, dropout=not args.no_dropout)
+            grid = _transformer_grid(args, value_bytes) + (args.batch, value_bytes)
+            sizes, args.batch = None, None
+        elif any(v is not None for v in shapes.values()):
+            raise ValueError("--layers/--hidden/--heads/--seq describe a transformer: add --transformer")
+        else:
+            if args.params is None and sizes is None:
+                raise ValueError("give --params (e.g. 7B), --sizes (e.g. 784,128,10) or --transformer shapes "
+                                 "to count them from")
+            n = parse_count(args.params) if args.params is not None else mlp_params(sizes)
+            act = parse_count(args.activations)
+            if (sizes is None) != (args.batch is None):
+                raise ValueError("--sizes and --batch go together: activations need the layer sizes and the batch "
+                                 "size")
         for flag, value in (("--params", n), ("--activations", act)):
             if value > _COUNT_MAX:  # past this the table's float formatting overflows
                 raise ValueError(f"{flag} {getattr(args, flag[2:])} is about 1e{len(str(value)) - 1}, beyond what this table shows "
@@ -353,9 +547,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.batch is not None and args.batch <= 0:
             raise ValueError(f"--batch must be a positive integer, got {args.batch}")
         kw = {} if sizes is None else {"sizes": sizes, "batch": args.batch}
-        est = estimate(n, args.optimizer, activations=act, **kw, **PRECISIONS[args.precision])
+        est = estimate(n, args.optimizer, activations=0 if sizes else act, **kw, **PRECISIONS[args.precision])
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
-    Console().print(format_table(est, n_params=n, title=title))
+    console = Console()
+    console.print(format_table(est, n_params=n, title=title))
+    if grid is not None:
+        table, inside, batch, value_bytes = grid
+        if args.params is not None and n != counted:
+            console.print(f"(--params {args.params} is used for the table; these shapes count {counted:,} parameters)")
+        console.print(f"activations (Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer at 16 bits; here "
+                      f"{value_bytes}-byte values, recompute={args.recompute}): {act / 1e9:.1f} GB at batch {batch}, "
+                      f"sequence length {args.seq}")
+        console.print(table)
+        cells = ", ".join(f"{b}x{s}" for b, s, _ in inside) or "none of this grid"
+        console.print(f"the articles' 20-50 GB of activations: batch x sequence length {cells}")
     return 0
