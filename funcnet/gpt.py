@@ -287,7 +287,7 @@ def clip_grad_norm(max_norm: float, eps: float = 1e-6) -> optax.GradientTransfor
 
     def update(updates, state, params=None):
         del params
-        norm = optax.global_norm(updates)
+        norm = optax.tree.norm(updates)
         coef = jnp.minimum(max_norm / (norm + eps), 1.0)
         return jax.tree.map(lambda g: g * coef.astype(g.dtype), updates), state
 

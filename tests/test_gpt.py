@@ -1,0 +1,267 @@
+"""funcnet.gpt against nanoGPT in torch (comparisons/gpt.py's TorchGPT), closed forms and jax.grad.
+
+Tiny configurations (1 layer, n_embd 16, 2 heads, block 8, vocab 11; one row with 2 layers)
+keep compilation, most of each test's time, short.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+
+import funcnet
+from comparisons.gpt import TorchGPT, torch_greedy
+from funcnet import gpt
+from funcnet.gpt import GPT, GPTConfig
+from tests.torch_oracle import check_layer
+
+CFG = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=16)
+
+
+def _idx(shape=(3, 8), vocab=CFG.vocab_size, seed=0):
+    return np.random.default_rng(seed).integers(0, vocab, shape).astype(np.int32)
+
+
+def _pair(cfg=CFG, dtype=jnp.float32, seed=0):
+    torch.manual_seed(seed)
+    theirs = TorchGPT(cfg).to(torch.float64 if dtype == jnp.float64 else torch.float32)
+    ours = GPT(cfg, dtype=dtype)
+    params = funcnet.load_state_dict(ours.init(jax.random.key(0)), theirs.state_dict())
+    return ours, theirs, params
+
+
+# ------------------------------------------------------------------ forward, backward, state_dict
+@pytest.mark.parametrize("cfg", [CFG._replace(n_layer=2), CFG._replace(bias=False, n_head=4)], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("train", [False, True])
+def test_forward_and_gradients_equal_torch_float32(cfg, train):
+    torch.manual_seed(0)
+    # check_layer: state_dict keys/order/shapes, logits, gradients of every parameter (the tied one
+    # included: torch lists it once), one compile. atol 1e-5: the gradients reach ~20 (a random
+    # cotangent over every logit), and a bias gradient sums 24 positions of them, so a few float32
+    # ulps of the summands (1e-7 relative) show up as 1e-6 absolute in a near-cancelling entry.
+    check_layer(GPT(cfg), TorchGPT(cfg), [_idx()], train=train, dtype="float32", atol=1e-5)
+
+
+def test_forward_and_gradients_equal_torch_float64():
+    with jax.enable_x64(True):
+        torch.manual_seed(0)
+        check_layer(GPT(CFG, dtype=jnp.float64), TorchGPT(CFG), [_idx(shape=(2, 5))], train=True, dtype="float64")
+
+
+def test_state_dict_keys_and_order_are_torchs_with_both_tied_keys():
+    ours, theirs, params = _pair()
+    sd = funcnet.state_dict(params, model=ours)
+    assert list(sd) == list(theirs.state_dict())
+    assert "transformer.wte.weight" in sd and "lm_head.weight" in sd
+    assert sd["lm_head.weight"] is sd["transformer.wte.weight"]
+    # a state dict whose tied keys disagree is refused
+    bad = dict(theirs.state_dict())
+    bad["lm_head.weight"] = bad["lm_head.weight"] + 1
+    with pytest.raises(funcnet.StateDictError, match="tied to transformer.wte.weight"):
+        funcnet.load_state_dict(params, bad)
+
+
+def test_the_tie_is_one_array_whose_gradient_is_the_sum_of_both_uses():
+    ours, theirs, params = _pair()
+    assert len(jax.tree.leaves(params)) == len(list(theirs.parameters()))  # torch dedups the shared tensor
+    idx, targets = _idx(seed=1), _idx(seed=2)
+    loss = lambda p: funcnet.losses.cross_entropy(ours.apply(p, jnp.asarray(idx)), jnp.asarray(targets))  # noqa
+    g = jax.jit(jax.grad(loss))(params)["transformer"]["wte"]["weight"]
+    # oracle: torch with the tie cut (two parameters, same values): the two gradients, summed
+    theirs.lm_head.weight = torch.nn.Parameter(theirs.transformer.wte.weight.detach().clone())
+    logits = theirs(torch.from_numpy(idx).long())
+    torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.from_numpy(targets).long().flatten()).backward()
+    emb, head = theirs.transformer.wte.weight.grad.numpy(), theirs.lm_head.weight.grad.numpy()
+    assert np.abs(emb).max() > 0 and np.abs(head).max() > 0  # both uses contribute
+    np.testing.assert_allclose(g, emb + head, rtol=1e-5, atol=1e-7)
+
+
+def test_init_is_nanogpts():
+    cfg = GPTConfig(block_size=64, vocab_size=500, n_layer=3, n_head=2, n_embd=64)
+    sd = funcnet.state_dict(GPT(cfg).init(jax.random.key(0)))
+    for k, v in sd.items():
+        v = np.asarray(v)
+        if k.endswith("c_proj.weight"):
+            std = 0.02 / math.sqrt(2 * cfg.n_layer)
+        elif k.endswith("bias"):
+            assert not v.any(), k
+            continue
+        elif ".ln_" in k:
+            np.testing.assert_array_equal(v, 1.0, err_msg=k)
+            continue
+        else:
+            std = 0.02  # Linear and Embedding weights, the tied one included
+        assert abs(v.mean()) < 4 * std / math.sqrt(v.size), k
+        assert abs(v.std() / std - 1) < 5 / math.sqrt(v.size) + 0.01, (k, v.std(), std)
+
+
+def test_num_params_is_nanogpts():
+    ours, theirs, params = _pair()
+    total = sum(p.numel() for p in theirs.parameters())  # counts the tied tensor once
+    assert gpt.num_params(params, non_embedding=False) == total
+    assert gpt.num_params(params) == total - theirs.transformer.wpe.weight.numel()
+
+
+def test_bad_config_and_inputs_are_refused_clearly():
+    with pytest.raises(ValueError, match="divisible by n_head=3"):
+        GPT(CFG._replace(n_head=3))
+    with pytest.raises(ValueError, match="block_size must be a positive int"):
+        GPT(CFG._replace(block_size=0))
+    with pytest.raises(TypeError, match="GPTConfig"):
+        GPT(dict(CFG._asdict()))
+    model = GPT(CFG)
+    params = model.init(jax.random.key(0))
+    with pytest.raises(ValueError, match="block size is only 8"):
+        model.apply(params, _idx(shape=(1, 9)))
+    with pytest.raises(ValueError, match=r"shape \(B, T\)"):
+        model.apply(params, _idx(shape=(8,)))
+    with pytest.raises(ValueError, match=r"shape \(B, T\)"):
+        model.apply(params, np.zeros((1, 4), np.float32))
+
+
+# ------------------------------------------------------------------ attention under bf16
+def test_attention_scores_and_softmax_run_in_float32_under_bf16():
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 2, 6, 8)), jnp.bfloat16) for _ in range(3))
+    jaxpr = str(jax.make_jaxpr(gpt.causal_attention)(q, k, v))
+    exps = [line for line in jaxpr.splitlines() if " exp " in line or "= exp" in line]
+    assert exps and all("f32" in line for line in exps), exps
+    out = gpt.causal_attention(q, k, v)
+    assert out.dtype == jnp.bfloat16
+    # oracle: torch's SDPA in float32 on the same (bf16-representable) values, rounded to bf16
+    t = [torch.from_numpy(np.asarray(a, np.float32)) for a in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True).numpy()
+    np.testing.assert_allclose(np.asarray(out, np.float32), want, rtol=2 ** -7, atol=2 ** -8)
+
+
+def test_bf16_training_step_runs_with_float32_master_weights():
+    model = GPT(CFG)
+    tx = gpt.configure_optimizers(warmup_steps=1, decay_steps=10)
+    state = funcnet.create_train_state(model, tx, jax.random.key(0))
+    step = funcnet.make_step(model, tx, policy="bf16")
+    state, metrics = step(state, (jnp.asarray(_idx()), jnp.asarray(_idx(seed=1))))
+    assert np.isfinite(float(metrics["loss"])) and abs(float(metrics["loss"]) - math.log(CFG.vocab_size)) < 0.2
+    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(state.params))
+
+
+# ------------------------------------------------------------------ generation
+def _greedy_oracle(model, params, idx, n, block_size):
+    # nanoGPT's loop, one forward per token on the cropped context, argmax of the last position
+    idx = np.asarray(idx)
+    forward = jax.jit(model.apply)
+    for _ in range(n):
+        logits = forward(params, jnp.asarray(idx[:, -block_size:]))
+        idx = np.concatenate([idx, np.asarray(jnp.argmax(logits[:, -1], -1))[:, None].astype(idx.dtype)], 1)
+    return idx
+
+
+def test_greedy_equals_argmax_decoding_step_by_step_across_the_crop():
+    model = GPT(CFG)
+    params = model.init(jax.random.key(3))
+    prompt = _idx(shape=(2, 3))
+    out = gpt.generate(model, params, prompt, 12, key=jax.random.key(0), greedy=True)  # 15 > block 8
+    assert out.shape == (2, 15)
+    np.testing.assert_array_equal(out, _greedy_oracle(model, params, prompt, 12, CFG.block_size))
+    np.testing.assert_array_equal(out[:, :3], prompt)
+    # and torch's nanoGPT loop from the same weights
+    _, theirs, tparams = _pair(seed=3)
+    ours_out = gpt.generate(model, tparams, prompt, 12, key=jax.random.key(0), greedy=True)
+    np.testing.assert_array_equal(ours_out, torch_greedy(theirs, torch.from_numpy(prompt).long(), 12).numpy())
+
+
+def test_sampling_is_deterministic_per_key_and_compiles_once():
+    model = GPT(CFG)
+    params = model.init(jax.random.key(0))
+    prompt = _idx(shape=(2, 2))
+    before = gpt._generate._cache_size()
+    a = gpt.generate(model, params, prompt, 10, key=jax.random.key(1))
+    b = gpt.generate(model, params, prompt, 10, key=jax.random.key(1))
+    c = gpt.generate(model, params, prompt, 10, key=jax.random.key(2), temperature=0.7)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert gpt._generate._cache_size() == before + 1  # new keys and temperatures reuse the executable
+
+
+def test_sampled_token_frequencies_follow_softmax_over_temperature_and_top_k():
+    model = GPT(CFG)
+    params = model.init(jax.random.key(0))
+    # ln_f's affine parameters times 30 scale the logits by 30: a distribution far from uniform
+    params["transformer"]["ln_f"] = {k: v * 30 for k, v in params["transformer"]["ln_f"].items()}
+    n, temperature = 4000, 0.5
+    prompt = np.tile(_idx(shape=(1, 4)), (n, 1))
+    logits = np.asarray(jax.jit(model.apply)(params, jnp.asarray(prompt[:1]))[0, -1], np.float64)
+    out = np.asarray(gpt.generate(model, params, prompt, 1, key=jax.random.key(5), temperature=temperature))[:, -1]
+    p = np.exp((logits - logits.max()) / temperature)
+    p /= p.sum()
+    assert p.max() > 0.2  # not uniform
+    freq = np.bincount(out, minlength=CFG.vocab_size) / n
+    assert np.all(np.abs(freq - p) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-3), (freq, p)  # 4 standard errors
+    top = np.asarray(gpt.generate(model, params, prompt, 1, key=jax.random.key(6), top_k=2))[:, -1]
+    assert set(np.unique(top).tolist()) == set(np.argsort(logits)[-2:].tolist())
+
+
+def test_generate_refuses_bad_arguments():
+    model = GPT(CFG)
+    params = model.init(jax.random.key(0))
+    with pytest.raises(ValueError, match="greedy=True"):
+        gpt.generate(model, params, _idx(shape=(1, 2)), 3, key=jax.random.key(0), temperature=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        gpt.generate(model, params, _idx(shape=(1, 2)), 3, key=jax.random.key(0), top_k=0)
+    with pytest.raises(ValueError, match="no tokens"):
+        gpt.generate(model, params, np.zeros((1, 0), np.int32), 3, key=jax.random.key(0))
+
+
+# ------------------------------------------------------------------ optimizer pieces
+def test_decay_mask_marks_matrices_only_as_nanogpt_groups():
+    ours, theirs, params = _pair()
+    mask = funcnet.state_dict(gpt.decay_mask(params))
+    assert {k for k, v in mask.items() if v} - {"lm_head.weight"} == \
+        {n for n, p in theirs.named_parameters() if p.dim() >= 2}
+
+
+@pytest.mark.parametrize("scale", [0.01, 100.0])  # below and above max_norm
+def test_clip_grad_norm_equals_torchs(scale):
+    rng = np.random.default_rng(0)
+    grads = [rng.standard_normal(s).astype(np.float32) * scale for s in ((3, 4), (5,))]
+    t = [torch.nn.Parameter(torch.zeros(g.shape)) for g in grads]
+    for p, g in zip(t, grads):
+        p.grad = torch.from_numpy(g.copy())
+    torch.nn.utils.clip_grad_norm_(t, 1.0)
+    tx = gpt.clip_grad_norm(1.0)
+    out, _ = tx.update([jnp.asarray(g) for g in grads], tx.init(None))
+    for a, p in zip(out, t):
+        np.testing.assert_allclose(a, p.grad.numpy(), rtol=1e-6, atol=0)
+
+
+def test_lr_schedule_is_warmup_then_cosine_in_float64_under_x64():
+    lr, warm, decay, low = 6e-4, 10, 50, 6e-5
+
+    def closed_form(t):
+        if t < warm:
+            return lr * t / warm
+        progress = min((t - warm) / (decay - warm), 1.0)
+        return low + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - low)
+
+    with jax.enable_x64(True):
+        schedule = gpt.lr_schedule(lr, warm, decay, low)
+        # optax passes its step count as int32: still evaluated in float64
+        got = [float(schedule(jnp.int32(t))) for t in range(0, 70)]
+    np.testing.assert_allclose(got, [closed_form(t) for t in range(70)], rtol=1e-13, atol=0)
+
+
+def test_configure_optimizers_decays_matrices_only_with_the_scheduled_lr():
+    # zero gradients: Adam's part of the update is 0, what is left is AdamW's decay -lr * wd * p,
+    # on the matrices only (closed form), with the lr of step 0 (warmup_steps=0: the peak)
+    lr, wd = 1e-2, 0.1
+    tx = gpt.configure_optimizers(learning_rate=lr, weight_decay=wd, warmup_steps=0, decay_steps=10)
+    params = GPT(CFG).init(jax.random.key(0))
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    sd, up = funcnet.state_dict(params), funcnet.state_dict(updates)
+    assert up["lm_head.weight"] is up["transformer.wte.weight"]  # the tied array is updated once
+    for k, p in sd.items():
+        want = -lr * wd * np.asarray(p) if p.ndim >= 2 else np.zeros(p.shape)
+        np.testing.assert_allclose(up[k], want, rtol=1e-6, atol=1e-12, err_msg=k)
