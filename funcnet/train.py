@@ -387,6 +387,13 @@ def _run_epoch_in_parts(run_steps, state, n_examples, batch_size, start: Positio
 
 def _local_steps(step_fn, x, y):
     def run_steps(state, indices, lo, hi):
+        if hi > lo and _slow_in_loops(step_fn, state, *_batch_spec(x, y, indices.shape[1])):
+            # as run_epoch does for such steps: one compiled step per batch, the same bits
+            step, rows = _jitted(step_fn), []
+            for i in range(lo, hi):
+                state, metrics = step(state, (x[indices[i]], y[indices[i]]))
+                rows.append(metrics)
+            return state, jax.tree.map(lambda *r: np.stack([np.asarray(v) for v in r]), *rows)
         state, rows = _steps_between(step_fn, state, x, y, indices, lo, hi)
         return state, jax.tree.map(lambda r: np.asarray(r)[lo:hi], rows)
 
