@@ -31,7 +31,7 @@ import optax
 from funcnet import init as _init
 from funcnet import nn
 
-__all__ = ["GPTConfig", "GPT", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
+__all__ = ["GPTConfig", "GPT", "build", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
            "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params"]
 
 
@@ -198,6 +198,13 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
         tied={"lm_head.weight": "transformer.wte.weight"})
 
 
+def build(vocab_size: int, block_size: int = 64, *, n_layer: int = 3, n_head: int = 4, n_embd: int = 96,
+          dropout: float = 0.0, bias: bool = True, dtype=jnp.float32) -> nn.Module:
+    """``GPT(GPTConfig(...))`` with the defaults ``examples/gpt_text.py`` trains on 2 CPU cores
+    (3 layers, 4 heads, n_embd 96, block 64: 0.35M parameters): what a command line builds."""
+    return GPT(GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias), dtype=dtype)
+
+
 def num_params(params, non_embedding: bool = True) -> int:
     """nanoGPT's ``get_num_params``: the tied weight counted once; ``non_embedding`` leaves
     out the position embeddings (the token embedding is the LM head and stays in)."""
@@ -299,9 +306,10 @@ def lr_schedule(learning_rate: float, warmup_steps: int, decay_steps: int, min_l
     ``min_lr`` at step ``decay_steps`` (warmup included), ``min_lr`` after:
     ``optax.warmup_cosine_decay_schedule``, evaluated in the default float dtype. The torch twin is a ``LambdaLR`` of the same
     formula (``comparisons/gpt.py``)."""
-    if not 0 <= warmup_steps <= decay_steps:
-        raise ValueError(f"lr_schedule: need 0 <= warmup_steps <= decay_steps, got warmup_steps={warmup_steps}, "
-                         f"decay_steps={decay_steps}")
+    if not 0 <= warmup_steps < decay_steps:
+        raise ValueError(f"lr_schedule: need 0 <= warmup_steps < decay_steps (decay_steps counts the warmup and "
+                         f"the cosine), got warmup_steps={warmup_steps}, decay_steps={decay_steps}; set "
+                         f"decay_steps to the run's total number of steps")
     schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, decay_steps, min_lr)
 
     def lr(count):

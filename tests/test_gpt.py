@@ -106,6 +106,14 @@ def test_num_params_is_nanogpts():
     assert gpt.num_params(params) == total - theirs.transformer.wpe.weight.numel()
 
 
+def test_build_is_gpt_with_the_examples_defaults():
+    model = gpt.build(11, 16)
+    assert model.name == repr(GPT(GPTConfig(16, 11, 3, 4, 96)))
+    shapes = funcnet.state_dict(jax.eval_shape(model.init, jax.random.key(0)))
+    assert shapes["transformer.wpe.weight"].shape == (16, 96) and len({k.split(".")[2] for k in shapes
+                                                                       if ".h." in k}) == 3
+
+
 def test_bad_config_and_inputs_are_refused_clearly():
     with pytest.raises(ValueError, match="divisible by n_head=3"):
         GPT(CFG._replace(n_head=3))
@@ -251,6 +259,8 @@ def test_lr_schedule_is_warmup_then_cosine_in_float64_under_x64():
         # optax passes its step count as int32: still evaluated in float64
         got = [float(schedule(jnp.int32(t))) for t in range(0, 70)]
     np.testing.assert_allclose(got, [closed_form(t) for t in range(70)], rtol=1e-13, atol=0)
+    with pytest.raises(ValueError, match="warmup_steps < decay_steps"):
+        gpt.lr_schedule(lr, 10, 10)
 
 
 def test_configure_optimizers_decays_matrices_only_with_the_scheduled_lr():
