@@ -282,8 +282,8 @@ def _run(opts: Options, steps: int) -> Result:
                           "to ~lr, different in each framework, which the loss cannot see")]
 
     checks = [
-        equal("state_dict keys in torch's order, both tied keys included", list(funcnet.state_dict(params0, model=model)),
-              list(sd0), why="the same children under the same names"),
+        equal("state_dict keys in torch's order, both tied keys included",
+              list(funcnet.state_dict(params0, model=model)), list(sd0), why="the same children under the same names"),
         equal("the tie: one array in funcnet's params, as in torch's parameters()",
               len(jax.tree.leaves(params0)), len(list(net.parameters())),
               why="named_parameters lists a shared tensor once; nn.Tied holds no array"),

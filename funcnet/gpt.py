@@ -304,8 +304,8 @@ def clip_grad_norm(max_norm: float, eps: float = 1e-6) -> optax.GradientTransfor
 def lr_schedule(learning_rate: float, warmup_steps: int, decay_steps: int, min_lr: float = 0.0):
     """Linear warmup from 0 to ``learning_rate`` over ``warmup_steps``, then cosine decay to
     ``min_lr`` at step ``decay_steps`` (warmup included), ``min_lr`` after:
-    ``optax.warmup_cosine_decay_schedule``, evaluated in the default float dtype. The torch twin is a ``LambdaLR`` of the same
-    formula (``comparisons/gpt.py``)."""
+    ``optax.warmup_cosine_decay_schedule``, evaluated in the default float dtype. The torch
+    twin is a ``LambdaLR`` of the same formula (``comparisons/gpt.py``)."""
     if not 0 <= warmup_steps < decay_steps:
         raise ValueError(f"lr_schedule: need 0 <= warmup_steps < decay_steps (decay_steps counts the warmup and "
                          f"the cosine), got warmup_steps={warmup_steps}, decay_steps={decay_steps}; set "

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-__all__ = ["Vocab", "corpus", "vocabulary", "tokens", "blocks", "load_text", "unigram_entropy", "complete", "bits_per_char"]
+__all__ = ["Vocab", "corpus", "vocabulary", "tokens", "blocks", "load_text", "unigram_entropy", "complete",
+           "bits_per_char"]
 
 TRAIN_FRACTION = 0.9
 
