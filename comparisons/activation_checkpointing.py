@@ -132,7 +132,8 @@ def run(opts: Options = Options(), *, config: gpt.GPTConfig = CONFIG, batch: int
             out[ckpt] = (loss.item(), nbytes, {n: p.grad.detach().clone() for n, p in net.named_parameters()})
         return out
 
-    policies = {"scan, no remat": (None, False), "scan + remat, nothing_saveable": (jax.checkpoint_policies.nothing_saveable, True),
+    policies = {"scan, no remat": (None, False),
+                "scan + remat, nothing_saveable": (jax.checkpoint_policies.nothing_saveable, True),
                 "scan + remat, dots_saveable": (jax.checkpoint_policies.dots_saveable, True)}
 
     def jax_side():

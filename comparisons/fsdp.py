@@ -128,7 +128,8 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
         wte = state.params["transformer"]["wte"]["weight"]
         out["runs"][n] = {"losses": [float(v) for v in losses], "seconds": time.perf_counter() - start,
                           "params": {k: np.asarray(v) for k, v in funcnet.state_dict(state.params).items()},
-                          "wte_sharding": str(wte.sharding.spec), "wte_shard_shape": list(wte.addressable_shards[0].data.shape)}
+                          "wte_sharding": str(wte.sharding.spec),
+                          "wte_shard_shape": list(wte.addressable_shards[0].data.shape)}
     return out
 
 

@@ -1,0 +1,158 @@
+"""GPT training memory: Korthikanti et al.'s estimate against torch's saved tensors and XLA's compiled step.
+
+``python benchmarks/gpt_memory.py [--json PATH] [--quick]`` prints two tables and writes JSON:
+
+1. For each GPT configuration (layers L, hidden h, heads a, vocab V, sequence s, batch b):
+   - params + grads + Adam: ``memory.estimate`` from the shapes against the real param
+     tree (exact: the count is nanoGPT's);
+   - activations, like with like: the paper's list in float32 (p = 4 bytes per value), no
+     dropout (nanoGPT's 0), *flash* (torch's CPU ``scaled_dot_product_attention`` keeps no
+     s x s matrix) against the bytes torch's autograd saves (``saved_tensors_hooks``,
+     unique storages, no parameters) for nanoGPT's forward: within 10%, the deviation is
+     LayerNorm's mean/rstd and SDPA's output kept beside its contiguous copy;
+   - the paper without flash (softmax kept, ``p a s^2 b`` per layer) against XLA's temps
+     of the compiled, donated ``funcnet.make_step`` minus the gradients (XLA keeps the
+     activations, the gradients and one transposed copy of each weight there): XLA keeps
+     1.5-2.5x the paper's list, because it stores values the paper's fused kernels
+     recompute (GELU's erfc and exp(-x^2/2) beside its input and output, the scores
+     beside the probabilities, LayerNorm's centred input); the ratio is printed, not hidden.
+   - the whole step: estimate (params + grads + Adam + batch + paper activations) against
+     XLA's total (arguments + temps; outputs alias the donated state).
+2. Mixed precision on one GPT: XLA's arguments and temps of the step in float32, bf16
+   (float32 master weights and Adam state, bf16 compute, float32 softmax/LayerNorm
+   statistics) and fp16 with dynamic loss scaling, against ``memory.estimate``'s
+   bytes per parameter (16 for half params + grads + float32 master + Adam, as ZeRO counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+import funcnet  # noqa: E402
+from funcnet import gpt, memory, precision  # noqa: E402
+
+# (layers, hidden, heads, vocab, seq, batch): each differs from the first in one or two shapes
+CONFIGS = [(2, 64, 4, 96, 64, 8), (4, 64, 4, 96, 64, 8), (2, 128, 4, 96, 64, 8), (2, 64, 8, 96, 128, 4),
+           (2, 64, 4, 512, 64, 8), (3, 96, 6, 128, 96, 4), (2, 128, 8, 256, 32, 16)]
+QUICK = CONFIGS[:2]
+
+
+def _model(L, h, a, V, s):
+    return gpt.GPT(gpt.GPTConfig(block_size=s, vocab_size=V, n_layer=L, n_head=a, n_embd=h))
+
+
+def torch_saved_bytes(L, h, a, V, s, b) -> int:
+    """Bytes torch's autograd saves for nanoGPT's forward + cross entropy (float tensors,
+    unique storages, parameters left out)."""
+    import torch
+    import torch.nn.functional as F
+
+    from comparisons.gpt import TorchGPT
+
+    torch.manual_seed(0)
+    net = TorchGPT(gpt.GPTConfig(block_size=s, vocab_size=V, n_layer=L, n_head=a, n_embd=h))
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if t.is_floating_point() and st.data_ptr() not in params:
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    idx = torch.randint(0, V, (b, s))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = net(idx)
+        F.cross_entropy(logits.view(-1, V), idx.view(-1))
+    return sum(saved.values())
+
+
+def xla_step(model, tx, b, s, **kw):
+    """XLA's memory analysis of the donated make_step for a (b, s) int32 batch, and the state."""
+    state = jax.eval_shape(lambda k: funcnet.create_train_state(model, tx, k, **{k2: v for k2, v in kw.items()
+                                                                                 if k2 != "step"}), jax.random.key(0))
+    x = jax.ShapeDtypeStruct((b, s), jnp.int32)
+    step = funcnet.make_step(model, tx, **kw.get("step", {}))
+    return memory.measure(step, state, (x, x)), state
+
+
+def config_row(L, h, a, V, s, b) -> dict:
+    model, tx = _model(L, h, a, V, s), optax.adamw(1e-3)
+    m, state = xla_step(model, tx, b, s)
+    est = memory.estimate(optimizer="adamw", layers=L, hidden=h, heads=a, vocab=V, seq=s, batch=b, dropout=False)
+    params = memory.tree_bytes(state.params)
+    flash = memory.transformer_activations(L, h, a, s, b, vocab=V, bytes_per_value=4, dropout=False, flash=True)
+    torch_saved = torch_saved_bytes(L, h, a, V, s, b)
+    batch = 2 * b * s * 4
+    xla_act = m.temps - params  # the gradients (float32, one per parameter) live in the temps too
+    est_total = est.params + est.grads + est.optimizer + est.activations + batch
+    xla_total = m.arguments + m.temps
+    return {"config": dict(layers=L, hidden=h, heads=a, vocab=V, seq=s, batch=b),
+            "params_estimate": est.params, "params_tree": params, "optimizer_estimate": est.optimizer,
+            "optimizer_tree": memory.tree_bytes(state.opt_state),
+            "activations_paper": est.activations, "activations_paper_flash": flash, "torch_saved": torch_saved,
+            "torch_vs_flash": torch_saved / flash - 1, "xla_temps": m.temps, "xla_activations": xla_act,
+            "xla_vs_paper": xla_act / est.activations, "estimate_total": est_total, "xla_total": xla_total,
+            "total_ratio": xla_total / est_total}
+
+
+def precision_rows(L=2, h=128, a=4, V=96, s=64, b=8) -> list[dict]:
+    model, tx = _model(L, h, a, V, s), optax.adamw(1e-3)
+    rows = []
+    for name, kw in (("fp32", {}),
+                     ("bf16", {"policy": "bf16", "step": {"policy": "bf16"}}),
+                     ("fp16 + dynamic loss scale", {"policy": "fp16", "loss_scale": precision.DynamicLossScale(),
+                                                    "step": {"policy": "fp16"}})):
+        m, state = xla_step(model, tx, b, s, **kw)
+        n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+        rows.append({"precision": name, "params": n, "arguments": m.arguments, "temps": m.temps,
+                     "arguments_per_param": m.arguments / n, "total": m.arguments + m.temps})
+    est = {k: memory.estimate(rows[0]["params"], "adamw", **memory.PRECISIONS[k]).total / rows[0]["params"]
+           for k in ("fp32", "bf16")}
+    for r in rows:
+        r["estimate_bytes_per_param"] = est["fp32" if r["precision"] == "fp32" else "bf16"]
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--quick", action="store_true", help="two configurations only")
+    args = parser.parse_args(argv)
+    rows = [config_row(*c) for c in (QUICK if args.quick else CONFIGS)]
+    print("GPT train step (AdamW, float32, no dropout): Korthikanti et al.'s estimate vs torch's saved tensors "
+          "and XLA's compiled step")
+    print(f"{'L':>2} {'h':>4} {'a':>2} {'V':>4} {'s':>4} {'b':>3} | {'paper,flash':>11} {'torch saved':>11} {'dev':>6} |"
+          f" {'paper':>10} {'XLA act':>10} {'x':>5} | {'est total':>10} {'XLA total':>10} {'ratio':>5}")
+    for r in rows:
+        c = r["config"]
+        print(f"{c['layers']:>2} {c['hidden']:>4} {c['heads']:>2} {c['vocab']:>4} {c['seq']:>4} {c['batch']:>3} | "
+              f"{r['activations_paper_flash']:>11,} {r['torch_saved']:>11,} {r['torch_vs_flash']:>+6.1%} | "
+              f"{r['activations_paper']:>10,} {r['xla_activations']:>10,} {r['xla_vs_paper']:>5.2f} | "
+              f"{r['estimate_total']:>10,} {r['xla_total']:>10,} {r['total_ratio']:>5.2f}")
+        assert r["params_estimate"] == r["params_tree"], r
+    prec = precision_rows()
+    print("\nmixed precision (2 layers, h 128, 4 heads, vocab 96, seq 64, batch 8; XLA memory analysis):")
+    print(f"{'precision':28s} {'arguments':>10} {'B/param':>7} {'temps':>10} {'total':>10}  memory.estimate B/param")
+    for r in prec:
+        print(f"{r['precision']:28s} {r['arguments']:>10,} {r['arguments_per_param']:>7.2f} {r['temps']:>10,} "
+              f"{r['total']:>10,}  {r['estimate_bytes_per_param']:.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"configs": rows, "precision": prec}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    sys.exit(main())
