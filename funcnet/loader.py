@@ -267,6 +267,9 @@ class _Closing:
         close = getattr(self.it, "close", None)
         if close is not None:
             close()
+        # drop grain's iterators now: collected later (at interpreter exit), their __del__ closes
+        # again after the modules it needs are gone and prints an ignored exception
+        self.it = iter(())
 
     def __enter__(self):
         return self
