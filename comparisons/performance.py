@@ -163,6 +163,29 @@ def _bottlenecks(x, y, step, fresh_state):
                             f"epoch {t_host * 1e3:.1f} ms host loader -> {t_dev * 1e3:.1f} ms ({t_host / t_dev:.1f}x)",
                             close("data loading: scanned epoch == host-loader epoch (params)", _flat(dev_state.params),
                                   _flat(host_params), rtol=1e-5, atol=1e-6, why="same batches, same order"))
+    # data that does not fit on the device: streamed from record files by funcnet.loader (grain; worker
+    # processes with workers=k, here 0: a background thread still prefetches batches to the device)
+    import tempfile
+
+    from funcnet import loader
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stream = loader.Loader(loader.write_records(tmp, x, y), BATCH, seed=1)
+        seen = [tuple(np.asarray(a) for a in b) for b in stream.batches(0, stream.steps_per_epoch)]
+
+        def streamed(batches):
+            state = fresh_state()
+            for b in batches:
+                state, _ = step(state, b)
+            return jax.block_until_ready(state.params)
+
+        stream_params, t_stream = _median_seconds(lambda: streamed(stream.batches(0, stream.steps_per_epoch)))
+    rows["data loading"] = (rows["data loading"][0] + "; data too large for it: funcnet.loader streams record "
+                            "files (grain workers, prefetch to the device)",
+                            rows["data loading"][1] + f"; streamed from files {t_stream * 1e3:.1f} ms",
+                            *rows["data loading"][2:],
+                            equal("data loading: streamed epoch == its batches stepped from host arrays (params)",
+                                  _flat(stream_params), _flat(streamed(seen))))
 
     # out of memory: gradient accumulation over 4 micro-batches instead of one large batch
     model, tx = nn.MLP([x.shape[1], 128, 10]), optax.sgd(LR)
