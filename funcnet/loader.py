@@ -162,13 +162,17 @@ class CropFlip:
 class _Locate:
     # Element i of the run -> the record it reads: epoch i // used, that epoch's permutation.
     def __init__(self, records: Records, used: int, seed: int):
-        self.records, self.used, self.seed = records, used, seed
+        self.records, self.used, self.seed, self._shuffle = records, used, seed, None
 
     def __call__(self, i):
+        if self._shuffle is None:  # looked up once per process
+            self._shuffle = _grain().experimental.index_shuffle
         epoch, pos = divmod(int(i), self.used)
-        index = _grain().experimental.index_shuffle(pos, max_index=len(self.records) - 1,
-                                                    seed=(self.seed + epoch) % 2**32, rounds=4)
-        return self.records[index]
+        return self.records[self._shuffle(pos, max_index=len(self.records) - 1, seed=(self.seed + epoch) % 2**32,
+                                          rounds=4)]
+
+    def __getstate__(self):
+        return {**self.__dict__, "_shuffle": None}
 
 
 class _Scale:
@@ -305,7 +309,7 @@ def fit_stream(model, tx, loader: Loader, *, epochs: int, key, state=None, loss_
         raise TypeError(f"fit_stream: loader must be a funcnet.loader.Loader, got {type(loader).__name__}")
     step_fn = _train.make_step(model, tx, _losses.cross_entropy if loss_fn is None else loss_fn, **step_kwargs)
     if state is None:
-        state = _train.create_train_state(model, tx, key)
+        state = _train.create_train_state(model, tx, key, policy=step_kwargs.get("policy"))
     per_epoch, done = loader.steps_per_epoch, int(state.step)
     if done > epochs * per_epoch:
         raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")
