@@ -83,7 +83,7 @@ def gpt_spec(quick):
 
     config = gpt.GPTConfig(block_size=32, vocab_size=text.vocabulary().size, n_layer=2, n_head=4, n_embd=64)
     (x, y), _ = text.load_text(config.block_size)
-    n = 512 if quick else 4096
+    n = 512 if quick else 2048
     x, y = x[:n], y[:n]
     torch.manual_seed(0)
     theirs, ours = TorchGPT(config), gpt.GPT(config)
@@ -99,9 +99,10 @@ def gpt_spec(quick):
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
 
     return Spec("gpt", x, y, 16, ours, theirs, params, {}, gpt.configure_optimizers(**opt, grad_clip=1.0),
-                torch_opt, torch_loss, 1e-4,
-                "float32 over one epoch of AdamW: AdamW's division by the running RMS turns summation-order "
-                "differences of small gradients into differences of whole updates (comparisons/gpt.py: 1e-4)")
+                torch_opt, torch_loss, 1e-3,
+                "float32 over one epoch (128 steps) of AdamW: its division by the running RMS turns summation-order "
+                "differences of small gradients into differences of whole updates; torch.compile differs from "
+                "torch eager by as much (6.5e-4 measured over 256 steps)")
 
 
 def torch_impl(spec, *, compiled):
