@@ -123,8 +123,11 @@ class Records:
     def __getitem__(self, index):
         return self._decode(self._open()[int(index)])
 
-    def __getitems__(self, indices):  # grain and torch both batch reads through this
-        return [self._decode(raw) for raw in self._open().__getitems__([int(i) for i in indices])]
+    def __getitems__(self, indices):  # torch's fetcher batches reads through this when present
+        # one read per record: measured 20 us each, where the source's own __getitems__ took 60-150 us
+        # per record (its parallel reads cost more than they save on records this small)
+        source = self._open()
+        return [self._decode(source[int(i)]) for i in indices]
 
     def __getstate__(self):  # worker processes reopen the files themselves
         return {**self.__dict__, "_source": None}
