@@ -115,15 +115,26 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="exit status: 0 done, 2 bad input or I/O error, 3 non-finite loss, "
                               "130 interrupted (SIGINT), 143 terminated (SIGTERM; checkpoint saved "
                               "when --checkpoint-dir is given)")
-    t.add_argument("--dataset", choices=["digits", "mnist", "synthetic"], default="digits")
+    t.add_argument("--dataset", choices=["digits", "mnist", "synthetic", "text"], default=None,
+                   help="digits (default), mnist, synthetic; text: characters of CPython's bundled docs "
+                        "(the default, and the only data set, of --model gpt)")
     t.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (--dataset mnist)")
     t.add_argument("--epochs", type=_positive_int, default=20)
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--lr", type=_positive_float, default=1e-3)
     t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
-    t.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+    t.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
-                        "images (square inputs, side divisible by 4)")
+                        "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "
+                        "--dataset text")
+    g = t.add_argument_group("--model gpt")
+    g.add_argument("--block-size", type=_positive_int, default=None, help="context length (default 64)")
+    g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3)")
+    g.add_argument("--n-head", type=_positive_int, default=None, help="attention heads (default 4)")
+    g.add_argument("--n-embd", type=_positive_int, default=None, help="embedding width (default 96)")
+    g.add_argument("--sample-chars", type=_positive_int, default=None,
+                   help="characters sampled (greedy) after training, printed and kept in metrics.json "
+                        "(default 200)")
     t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
                    help="hidden layer sizes of the MLP (default: 128)")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
@@ -195,13 +206,18 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
 
     from funcnet import data, state_dict, train
 
-    (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
+    from funcnet import text
+
+    if args.dataset == "text":
+        (x_tr, y_tr), (x_te, y_te) = text.load_text(args.block_size, stride=args.block_size // 2 or 1)
+    else:
+        (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
     if args.batch_size > len(x_tr):
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(x_tr)} training examples of "
                          f"{args.dataset}; use --batch-size <= {len(x_tr)}")
     # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
     # refused, not grow the model a 256th class.
-    n_classes = data.num_classes(args.dataset)
+    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
     _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
     model, description = _build_model(args, x_tr.shape[1], n_classes)
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
@@ -224,6 +240,12 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     history = done + history
 
     metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
+    if args.model == "gpt":  # nats per character against a model that ignores context, and a greedy sample
+        metrics["unigram_baseline"] = text.unigram_entropy()
+        metrics["sample"] = text.complete(model, state.params, "\n", args.sample_chars, key=jax.random.key(args.seed),
+                                          greedy=True)
+        print(f"validation loss {metrics['final'].get('test_loss', float('nan')):.3f} nats/char "
+              f"(unigram baseline {metrics['unigram_baseline']:.3f}); greedy sample:\n{metrics['sample']}")
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
     arrays = state_dict(state.params, state.model_state, model=model)
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
@@ -236,9 +258,14 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
 
 def _build_model(args, n_features: int, n_classes: int):
     """``(model, description for metrics.json)`` for --model: the MLP's layer sizes, or the
-    ConvNet's repr."""
-    from funcnet import models, nn
+    ConvNet's or GPT's repr."""
+    from funcnet import gpt, models, nn
 
+    if args.model == "gpt":
+        if args.hidden is not None:
+            raise UsageError("--hidden sets the MLP's layers; --model gpt takes --n-layer, --n-head, --n-embd")
+        model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+        return model, model.name
     if args.model == "mlp":
         args.hidden = args.hidden or [128]
         sizes = [n_features, *args.hidden, n_classes]
@@ -516,7 +543,33 @@ def _parallel_flags(args) -> None:
         raise UsageError(str(e)) from None
 
 
+_GPT_FLAGS = {"block_size": 64, "n_layer": 3, "n_head": 4, "n_embd": 96, "sample_chars": 200}
+
+
+def _check_model_flags(args) -> None:
+    """--model and --dataset go together (gpt reads text, the others images or features);
+    the GPT's flags get their defaults, and are refused for the other models."""
+    if args.dataset is None:
+        args.dataset = "text" if args.model == "gpt" else "digits"
+    if (args.model == "gpt") != (args.dataset == "text"):
+        raise UsageError(f"--model {args.model} does not train on --dataset {args.dataset}: --model gpt reads "
+                         f"--dataset text and the other models read digits, mnist or synthetic")
+    if args.model != "gpt":
+        given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} set the GPT; --model {args.model} has no such setting: "
+                             f"leave {'them' if len(given) > 1 else 'it'} out or pass --model gpt")
+        return
+    for k, default in _GPT_FLAGS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    if args.n_embd % args.n_head:
+        raise UsageError(f"--n-embd {args.n_embd} does not split over --n-head {args.n_head} heads; pass an "
+                         f"--n-embd divisible by {args.n_head}")
+
+
 def _check_flags(args) -> None:
+    _check_model_flags(args)
     if args.dataset == "mnist" and args.data_dir is None:
         raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
                          "(nothing is downloaded)")

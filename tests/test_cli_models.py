@@ -59,3 +59,32 @@ def test_cnn_flags_that_do_not_fit_are_refused(tmp_path, capsys):
     assert "--hidden 64 sets the MLP's layers" in capsys.readouterr().err
     assert cli.main(["train", "--model", "cnn", "--dataset", "synthetic", "--out", str(tmp_path / "b")]) == 2
     assert "--model cnn needs square images" in capsys.readouterr().err
+
+
+TINY_GPT = ["--model", "gpt", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16",
+            "--batch-size", "1024", "--lr", "0.01", "--sample-chars", "20", "--quiet"]
+
+
+@pytest.mark.slow
+def test_gpt_trains_on_the_bundled_text_with_checkpoints_in_bf16(tmp_path):
+    out = tmp_path / "gpt"
+    assert cli.main(["train", *TINY_GPT, "--epochs", "1", "--precision", "bf16", "--out", str(out),
+                     "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "10"]) == 0
+    params = np.load(out / "params.npz")
+    # nanoGPT's state_dict: the tied head is listed under both names, as torch lists it
+    assert "transformer.wte.weight" in params.files and "lm_head.weight" in params.files
+    np.testing.assert_array_equal(params["lm_head.weight"], params["transformer.wte.weight"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["final"]["test_loss"] < metrics["unigram_baseline"]  # beats a model that ignores context
+    assert len(metrics["sample"]) == 1 + 20 and metrics["model"].startswith("GPT(")
+
+
+def test_gpt_flags_that_do_not_fit_are_refused(tmp_path, capsys):
+    cases = [(["--model", "gpt", "--dataset", "digits"], "--model gpt does not train on --dataset digits"),
+             (["--dataset", "text"], "--model mlp does not train on --dataset text"),
+             (["--n-layer", "2"], "--n-layer set the GPT; --model mlp has no such setting"),
+             (["--model", "gpt", "--n-embd", "30", "--n-head", "4"], "--n-embd 30 does not split over --n-head 4"),
+             (["--model", "gpt", "--hidden", "64"], "--hidden sets the MLP's layers")]
+    for i, (flags, message) in enumerate(cases):
+        assert cli.main(["train", *flags, "--out", str(tmp_path / str(i))]) == 2, flags
+        assert message in capsys.readouterr().err
