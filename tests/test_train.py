@@ -165,3 +165,23 @@ def test_conv_net_epochs_equal_the_step_loop_bitwise(digits):
                       **kw)[0] for kw in ({}, {"every_steps": 3, "on_steps": lambda s, p: None})]
     for a, b in zip(jax.tree.leaves(fits[0].params), jax.tree.leaves(fits[1].params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_regression_with_mse_loss_trains_with_make_step_and_fit():
+    """Metrics fit the targets: float targets get the loss only (no accuracy), and the fit
+    converges to the least-squares solution (closed form: numpy's lstsq)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((512, 4)).astype(np.float32)
+    w = np.array([[1.0, -2.0], [0.5, 0.0], [0.0, 3.0], [-1.0, 1.0]], np.float32)
+    y = x @ w + 0.5
+    model = nn.Linear(4, 2)
+    state, history = train.fit(model, optax.adam(0.05), (x, y), (x[:64], y[:64]), epochs=30, batch_size=64,
+                               key=jax.random.key(0), loss_fn=losses.mse_loss, progress=False)
+    assert set(history[-1]) == {"epoch", "step", "train_loss", "test_loss"}
+    coef, *_ = np.linalg.lstsq(np.c_[x, np.ones(len(x))], y, rcond=None)
+    np.testing.assert_allclose(np.asarray(state.params["weight"]).T, coef[:4], atol=1e-2)
+    np.testing.assert_allclose(np.asarray(state.params["bias"]), coef[4], atol=1e-2)
+    step = train.make_step(model, optax.sgd(0.1), losses.mse_loss)
+    _, metrics = step(train.create_train_state(model, optax.sgd(0.1), jax.random.key(1)),
+                      (jnp.asarray(x[:8]), jnp.asarray(y[:8])))
+    assert set(metrics) == {"loss"}
