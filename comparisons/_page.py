@@ -38,6 +38,8 @@ CONCEPTS: list[tuple[str, str, tuple[str, ...]]] = [
      ("dynamic_graph",)),
     ("nn.Module: registration, forward, train/eval, `.to(device)`, `state_dict`",
      "`Module(init, apply)`, params pytree, `train=`, `device_put`, `state_dict`", ("modules",)),
+    ("nn.Module manages state: buffers (BatchNorm's running stats) in `state_dict`, `.train()`/`.eval()`",
+     "state in, state out: running stats returned, never mutated", ("buffers",)),
     ("hand-written TwoLayerNet (Xavier, clamp ReLU, manual SGD)", "pure functions + `tree_map` update",
      ("two_layer_net",)),
     ("five-line training loop", "`make_step` + `run_epoch`", ("training_loop",)),
@@ -48,6 +50,13 @@ CONCEPTS: list[tuple[str, str, tuple[str, ...]]] = [
     ("timing with CUDA events + synchronize; per-step copies, `.item()`",
      "`block_until_ready`, `profile`, on-device accumulation", ("performance",)),
     ("PyTorch vs JAX table; the layered stacks", "every row backed by a measurement; `funcnet info`", ("paradigms",)),
+    ("real models: a conv net, a residual block, a GPT, built from torch.nn layers",
+     "funcnet.nn layers with torch's signatures, names and layouts; `nn.Composite`", ("gpt",)),
+    ("7B memory: activations depend on batch size and sequence length",
+     "transformer activation model (Korthikanti et al.); `funcnet memory --transformer`", ("memory", "gpt")),
+    ("remedies for memory: shard params/grads/optimizer state, recompute activations",
+     "ZeRO-3 sharding with `NamedSharding` (vs torch FSDP2); `jax.checkpoint` (vs torch.utils.checkpoint)",
+     ("fsdp", "activation_checkpointing")),
 ]
 
 _CSS = """
