@@ -199,12 +199,12 @@ def print_summary(console, results: list[Result]) -> None:
     from rich import box
     from rich.table import Table
 
-    table = Table(title="summary", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1))
-    table.add_column("comparison", no_wrap=True, overflow="ellipsis")
+    table = Table(title="summary", box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("comparison", no_wrap=True, overflow="ellipsis", max_width=24)
     table.add_column("ok", no_wrap=True)
     table.add_column("checks", justify="right", no_wrap=True)
     for head in ("PyTorch\nfirst", "PyTorch\nsteady", "JAX\nfirst", "JAX\nsteady"):
-        table.add_column(head, justify="right", no_wrap=True)
+        table.add_column(head, justify="right", no_wrap=True, min_width=7)  # fmt_seconds: at most 7
     for r in results:
         passed = sum(c.ok for c in r.checks)
         table.add_row(r.name, "[green]PASS[/]" if r.ok else "[red]FAIL[/]", f"{passed}/{len(r.checks)}",
