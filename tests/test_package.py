@@ -38,3 +38,41 @@ def test_readme_quick_start_runs():
         np.testing.assert_array_equal(np.asarray(names["funcnet"].state_dict(params)[key]), tensor.numpy())
     assert names["logits"].shape == (4, 10)
     assert names["metrics"]["loss"].shape == (len(names["x_tr"]) // 32,)
+
+
+def test_readme_state_and_composite_examples_run_as_written():
+    """The Quick start's second and third blocks: a BatchNorm model with state against its torch
+    twin's state_dict, and the BasicBlock Composite with torch's state_dict keys."""
+    import re
+    from pathlib import Path
+
+    import jax
+    import numpy as np
+    import torch
+
+    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Quick start", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    torch_model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                      torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+    torch_model(torch.randn(16, 1, 8, 8))  # running statistics away from their initial values
+    names = {"images": np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32),
+             "torch_model": torch_model}
+    exec(compile("import jax, funcnet\nfrom funcnet import nn\n" + blocks[1], "README state block", "exec"), names)
+    sd = names["sd"]
+    assert list(sd) == list(torch_model.state_dict())
+    np.testing.assert_array_equal(np.asarray(sd["1.running_mean"]), torch_model[1].running_mean.numpy())
+    exec(compile("import jax, funcnet\nfrom funcnet import nn\n" + blocks[2], "README composite block", "exec"), names)
+    block = names["BasicBlock"](8, 16, stride=2)
+    keys = list(funcnet_state_dict(block))
+    assert keys[:2] == ["conv1.weight", "bn1.weight"] and "downsample.0.weight" in keys
+    assert "downsample.1.num_batches_tracked" in keys
+
+
+def funcnet_state_dict(model):
+    import jax
+
+    import funcnet
+
+    return funcnet.state_dict(model.init(jax.random.key(0)), model.init_state(), model=model)
