@@ -490,13 +490,9 @@ def _sync(f) -> None:
 
 
 def _fsync_dir(directory: Path) -> None:
-    if not hasattr(os, "O_DIRECTORY"):
-        return
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    from funcnet.checkpoint import _fsync_dir as fsync_dir  # one copy: the rename made durable
+
+    fsync_dir(directory)
 
 
 def _exchange(a: Path, b: Path) -> bool:
