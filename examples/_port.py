@@ -84,3 +84,41 @@ def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarr
     eval_j, _ = nn.call(ours, ts.params, ts.model_state, jnp.asarray(xs[:batch]), train=False)
     diffs["eval"] = float(np.max(np.abs(np.asarray(eval_j) - eval_t)))
     return diffs
+
+
+def main(argv, *, description: str, name: str, torch_model, funcnet_model, torch_sources, funcnet_sources,
+         epochs: int) -> int:
+    """A port example's command line: compare ``funcnet_model()`` with ``torch_model()`` from the
+    same weights (``--steps`` SGD-momentum steps, ``--float64``), print both models' lines of code
+    (of ``torch_sources`` and ``funcnet_sources``), then train the funcnet model on digits for
+    ``--epochs``. Exit 1 on a mismatch or a test accuracy of 0.9 or less."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--steps", type=int, default=5, help="optimizer steps compared against torch")
+    parser.add_argument("--float64", action="store_true", help="compare in float64 (JAX x64 on)")
+    args = parser.parse_args(argv)
+    if args.float64:
+        jax.config.update("jax_enable_x64", True)
+
+    (x_tr, y_tr), (x_te, y_te) = funcnet.data.load("digits")
+    torch.manual_seed(0)
+    theirs, ours = torch_model(), funcnet_model()
+    dtype = "float64" if args.float64 else "float32"
+    diffs = compare(ours, theirs, x_tr, y_tr, steps=args.steps, dtype=dtype)
+    print(f"lines of code: torch {sum(map(source_lines, torch_sources))}, "
+          f"funcnet {sum(map(source_lines, funcnet_sources))}")
+    print(f"max |funcnet - torch| ({dtype}, {args.steps} SGD-momentum steps): "
+          + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    tol = 1e-10 if args.float64 else 1e-4
+    if max(diffs.values()) > tol:
+        print(f"MISMATCH: above the tolerance {tol:g}", file=sys.stderr)
+        return 1
+    _, history = funcnet.fit(ours, optax.sgd(0.05, momentum=0.9), (x_tr, y_tr), (x_te, y_te),
+                             epochs=args.epochs, batch_size=32, key=jax.random.key(0), progress=False)
+    final = history[-1]
+    print(f"funcnet {name} on digits, {args.epochs} epochs: train loss {final['train_loss']:.4f}, "
+          f"test accuracy {final['test_accuracy']:.4f}")
+    return 0 if final["test_accuracy"] > 0.9 else 1

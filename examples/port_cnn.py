@@ -11,7 +11,6 @@ prints the lines of code of both models, then trains the funcnet model end to en
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -42,40 +41,13 @@ class TorchConvNet(tnn.Module):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=5, help="optimizer steps compared against torch")
-    parser.add_argument("--float64", action="store_true", help="compare in float64 (JAX x64 on)")
-    args = parser.parse_args(argv)
+    import _port
 
-    import jax
+    from funcnet import models
 
-    if args.float64:
-        jax.config.update("jax_enable_x64", True)
-    import optax
-    from _port import compare, source_lines
-
-    import funcnet
-    from funcnet import data, models
-
-    (x_tr, y_tr), (x_te, y_te) = data.load("digits")
-    torch.manual_seed(0)
-    theirs, ours = TorchConvNet(), models.ConvNet()
-    dtype = "float64" if args.float64 else "float32"
-    diffs = compare(ours, theirs, x_tr, y_tr, steps=args.steps, dtype=dtype)
-    print(f"lines of code: torch {source_lines(TorchConvNet)}, funcnet {source_lines(models.ConvNet)}")
-    print(f"max |funcnet - torch| ({dtype}, {args.steps} SGD-momentum steps): "
-          + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
-    tol = 1e-10 if args.float64 else 1e-4
-    if max(diffs.values()) > tol:
-        print(f"MISMATCH: above the tolerance {tol:g}", file=sys.stderr)
-        return 1
-    state, history = funcnet.fit(ours, optax.sgd(0.05, momentum=0.9), (x_tr, y_tr), (x_te, y_te),
-                                 epochs=args.epochs, batch_size=32, key=jax.random.key(0), progress=False)
-    final = history[-1]
-    print(f"funcnet ConvNet on digits, {args.epochs} epochs: train loss {final['train_loss']:.4f}, "
-          f"test accuracy {final['test_accuracy']:.4f}")
-    return 0 if final["test_accuracy"] > 0.9 else 1
+    return _port.main(argv, description=__doc__.splitlines()[0], name="ConvNet", torch_model=TorchConvNet,
+                      funcnet_model=models.ConvNet, torch_sources=(TorchConvNet,),
+                      funcnet_sources=(models.ConvNet,), epochs=10)
 
 
 if __name__ == "__main__":

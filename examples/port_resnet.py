@@ -10,11 +10,9 @@ forward, gradients, SGD-momentum steps (parameters and running statistics), eval
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import torch
 from torch import nn as tnn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -66,42 +64,13 @@ class TorchResNet(tnn.Module):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=5, help="optimizer steps compared against torch")
-    parser.add_argument("--float64", action="store_true", help="compare in float64 (JAX x64 on)")
-    args = parser.parse_args(argv)
+    import _port
 
-    import jax
+    from funcnet import models
 
-    if args.float64:
-        jax.config.update("jax_enable_x64", True)
-    import optax
-    from _port import compare, source_lines
-
-    import funcnet
-    from funcnet import data, models
-
-    (x_tr, y_tr), (x_te, y_te) = data.load("digits")
-    torch.manual_seed(0)
-    theirs, ours = TorchResNet(), models.ResNet()
-    dtype = "float64" if args.float64 else "float32"
-    diffs = compare(ours, theirs, x_tr, y_tr, steps=args.steps, dtype=dtype)
-    torch_lines = source_lines(TorchBasicBlock) + source_lines(TorchResNet)
-    ours_lines = source_lines(models.BasicBlock) + source_lines(models.ResNet)
-    print(f"lines of code: torch {torch_lines}, funcnet {ours_lines}")
-    print(f"max |funcnet - torch| ({dtype}, {args.steps} SGD-momentum steps): "
-          + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
-    tol = 1e-10 if args.float64 else 1e-4
-    if max(diffs.values()) > tol:
-        print(f"MISMATCH: above the tolerance {tol:g}", file=sys.stderr)
-        return 1
-    state, history = funcnet.fit(ours, optax.sgd(0.05, momentum=0.9), (x_tr, y_tr), (x_te, y_te),
-                                 epochs=args.epochs, batch_size=32, key=jax.random.key(0), progress=False)
-    final = history[-1]
-    print(f"funcnet ResNet on digits, {args.epochs} epochs: train loss {final['train_loss']:.4f}, "
-          f"test accuracy {final['test_accuracy']:.4f}")
-    return 0 if final["test_accuracy"] > 0.9 else 1
+    return _port.main(argv, description=__doc__.splitlines()[0], name="ResNet", torch_model=TorchResNet,
+                      funcnet_model=models.ResNet, torch_sources=(TorchBasicBlock, TorchResNet),
+                      funcnet_sources=(models.BasicBlock, models.ResNet), epochs=5)
 
 
 if __name__ == "__main__":
