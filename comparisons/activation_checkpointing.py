@@ -66,44 +66,45 @@ def saved_bytes(model, fn):
 
 
 # ----------------------------------------------------------------------------- JAX
-def scan_loss(config, policy=None, remat=True):
-    """loss(params, idx, targets) of ``funcnet.gpt.GPT`` with its blocks stacked and run by
-    ``lax.scan``, each step under ``jax.checkpoint(policy=policy)`` when ``remat``. Same
-    params tree as the GPT (the stacking is inside), so ``jax.grad`` gives the GPT's grads."""
-    model = gpt.GPT(config)
+def gpt_loss(config, run_blocks):
+    """loss(params, idx, targets) of ``funcnet.gpt.GPT`` with its blocks run by
+    ``run_blocks(block, [params of each block], x)``. Same params tree as the GPT, so
+    ``jax.grad`` gives the GPT's grads."""
+    top = dict(dict(gpt.GPT(config).children)["transformer"].children)
     block = gpt.Block(config)
-    top = dict(dict(model.children)["transformer"].children)
 
     def loss(params, idx, targets):
         t = params["transformer"]
         x = top["wte"].apply(t["wte"], idx) + top["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
-        stacked = jax.tree.map(lambda *a: jnp.stack(a), *[t["h"][str(i)] for i in range(config.n_layer)])
-        body = lambda x, p: (block.apply(p, x), None)  # noqa: E731
-        if remat:
-            body = jax.checkpoint(body, policy=policy)  # keep what policy saves, recompute the rest
-        x, _ = jax.lax.scan(body, x, stacked)
+        x = run_blocks(block, [t["h"][str(i)] for i in range(config.n_layer)], x)
         logits = top["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T  # the tied LM head
         return losses.cross_entropy(logits, targets)
 
     return loss
 
 
+def scan_loss(config, policy=None, remat=True):
+    """The GPT's blocks stacked and run by ``lax.scan``, each step under
+    ``jax.checkpoint(policy=policy)`` when ``remat``."""
+    def run_blocks(block, layers, x):
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *layers)
+        body = lambda x, p: (block.apply(p, x), None)  # noqa: E731
+        if remat:
+            body = jax.checkpoint(body, policy=policy)  # keep what policy saves, recompute the rest
+        return jax.lax.scan(body, x, stacked)[0]
+
+    return gpt_loss(config, run_blocks)
+
+
 def loop_remat_loss(config, policy=None):
     """The GPT's own Python loop over blocks, each under jax.checkpoint (no scan)."""
-    model = gpt.GPT(config)
-    block = gpt.Block(config)
-    top = dict(dict(model.children)["transformer"].children)
-
-    def loss(params, idx, targets):
-        t = params["transformer"]
-        x = top["wte"].apply(t["wte"], idx) + top["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
+    def run_blocks(block, layers, x):
         run = jax.checkpoint(lambda p, x: block.apply(p, x), policy=policy)
-        for i in range(config.n_layer):
-            x = run(t["h"][str(i)], x)
-        logits = top["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T
-        return losses.cross_entropy(logits, targets)
+        for p in layers:
+            x = run(p, x)
+        return x
 
-    return loss
+    return gpt_loss(config, run_blocks)
 
 
 # ----------------------------------------------------------------------------- both
@@ -207,7 +208,7 @@ def run(opts: Options = Options(), *, config: gpt.GPTConfig = CONFIG, batch: int
              "outputs (closer to the paper's selective recomputation).")
     return Result(name="activation_checkpointing", title=TITLE,
                   torch=Side(source(torch_loss, saved_bytes), t_out, t_sec),
-                  jax=Side(source(scan_loss), j_out, j_sec), checks=checks, notes=notes)
+                  jax=Side(source(gpt_loss, scan_loss), j_out, j_sec), checks=checks, notes=notes)
 
 
 def _flat(tree: dict) -> np.ndarray:
