@@ -625,8 +625,9 @@ def _check_out(args) -> None:
 
 
 def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
-    """``(history_done, fit_kwargs)``: fit() hooks that check every epoch for a non-finite loss
-    and save into --checkpoint-dir after every epoch (and every --checkpoint-every steps) and,
+    """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
+    epoch (and every --checkpoint-every steps; fit itself stops on a non-finite epoch before its
+    on_epoch runs, so the last checkpoint stays good) and,
     with --resume, the state and position of the newest checkpoint there. Each checkpoint's
     metadata holds the flags, the data's fingerprint, the history so far and the position
     inside the epoch, so a resumed run ends with the same metrics."""
@@ -636,7 +637,7 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
     from funcnet import checkpoint, guards, train
 
     if args.checkpoint_dir is None:
-        return [], {"on_epoch": lambda state, record: guards.check_finite_record(record, state.params)}
+        return [], {}
 
     directory = Path(args.checkpoint_dir)
     newest = checkpoint.latest_step(directory)
@@ -683,7 +684,6 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
         run.check_pending(saved=True)  # SIGTERM while training: stop here, right after a save
 
     def on_epoch(state, record):
-        guards.check_finite_record(record, state.params)  # before the save: the last checkpoint stays good
         done.append(record)
         save(state, {"position": {"epoch": record["epoch"]}})
 
