@@ -18,7 +18,15 @@
      beside the probabilities, LayerNorm's centred input); the ratio is printed, not hidden.
    - the whole step: estimate (params + grads + Adam + batch + paper activations) against
      XLA's total (arguments + temps; outputs alias the donated state).
-2. Mixed precision on one GPT: XLA's arguments and temps of the step in float32, bf16
+2. Activations per layer, measured the way the paper counts them: XLA's temps of the
+   compiled gradient with the blocks in one ``lax.scan`` (``gpt.measure_activations``: the
+   slope between 2 and 4 layers, so what does not grow with depth cancels), for each remat
+   policy of ``funcnet.gpt`` against the paper's variant: ``"paper"`` (keep exactly the
+   paper's tensors) against no recomputation, ``"selective"`` against selective
+   recomputation, ``"full"`` against full recomputation; and no remat at all (the
+   scan keeps whatever JAX's autodiff saves and XLA does not fuse away), printed, not hidden.
+   Goal (issue 12): every policy within 10% of the paper on every configuration.
+3. Mixed precision on one GPT: XLA's arguments and temps of the step in float32, bf16
    (float32 master weights and Adam state, bf16 compute, float32 softmax/LayerNorm
    statistics) and fp16 with dynamic loss scaling, against ``memory.estimate``'s
    bytes per parameter (16 for half params + grads + float32 master + Adam, as ZeRO counts).
@@ -46,6 +54,9 @@ from funcnet import gpt, memory, precision  # noqa: E402
 CONFIGS = [(2, 64, 4, 96, 64, 8), (4, 64, 4, 96, 64, 8), (2, 128, 4, 96, 64, 8), (2, 64, 8, 96, 128, 4),
            (2, 64, 4, 512, 64, 8), (3, 96, 6, 128, 96, 4), (2, 128, 8, 256, 32, 16)]
 QUICK = CONFIGS[:2]
+# (hidden, heads, seq, batch) for the per-layer table; depth and vocab do not enter a layer's activations
+LAYER_CONFIGS = [(64, 4, 64, 8), (128, 4, 64, 8), (64, 8, 128, 4), (96, 6, 96, 4), (128, 8, 32, 16), (192, 6, 64, 4),
+                 (64, 2, 256, 2)]
 
 
 def _model(L, h, a, V, s):
@@ -107,6 +118,21 @@ def config_row(L, h, a, V, s, b) -> dict:
             "total_ratio": xla_total / est_total}
 
 
+POLICIES = (("paper", "none"), ("selective", "selective"), ("full", "full"), (None, "none"))
+
+
+def layer_rows(h, a, s, b, V=96) -> list[dict]:
+    config = gpt.GPTConfig(block_size=s, vocab_size=V, n_layer=2, n_head=a, n_embd=h)
+    rows = []
+    for remat, recompute in POLICIES:
+        measured = gpt.measure_activations(config, b, remat)["per_layer"]
+        paper = memory.transformer_activations(1, h, a, s, b, bytes_per_value=4, recompute=recompute, dropout=False)
+        rows.append({"config": dict(hidden=h, heads=a, seq=s, batch=b), "remat": remat or "no remat",
+                     "paper_variant": recompute, "xla_per_layer": measured, "paper_per_layer": paper,
+                     "ratio": measured / paper})
+    return rows
+
+
 def precision_rows(L=2, h=128, a=4, V=96, s=64, b=8) -> list[dict]:
     model, tx = _model(L, h, a, V, s), optax.adamw(1e-3)
     rows = []
@@ -142,6 +168,21 @@ def main(argv=None) -> int:
               f"{r['activations_paper']:>10,} {r['xla_activations']:>10,} {r['xla_vs_paper']:>5.2f} | "
               f"{r['estimate_total']:>10,} {r['xla_total']:>10,} {r['total_ratio']:>5.2f}")
         assert r["params_estimate"] == r["params_tree"], r
+    layers = [r for c in (LAYER_CONFIGS[:2] if args.quick else LAYER_CONFIGS) for r in layer_rows(*c)]
+    print("\nactivations per layer (bytes): XLA's compiled gradient, blocks in a lax.scan under jax.checkpoint "
+          "(slope 2 -> 4 layers), against the paper (float32, no dropout)")
+    print(f"{'h':>4} {'a':>2} {'s':>4} {'b':>3} | {'remat':>10} {'paper variant':>13} | {'XLA':>10} {'paper':>10} "
+          f"{'ratio':>6}")
+    for r in layers:
+        c = r["config"]
+        print(f"{c['hidden']:>4} {c['heads']:>2} {c['seq']:>4} {c['batch']:>3} | {r['remat']:>10} "
+              f"{r['paper_variant']:>13} | {r['xla_per_layer']:>10,.0f} {r['paper_per_layer']:>10,} {r['ratio']:>6.3f}")
+    policed = [r for r in layers if r["remat"] != "no remat"]
+    worst = max(abs(r["ratio"] - 1) for r in policed)
+    print(f"goal: every remat policy within 10% of the paper over {len(policed) // 3} configurations: "
+          f"{'met' if worst <= 0.10 else 'MISSED'} (worst {worst:.1%}); no remat keeps "
+          f"{min(r['ratio'] for r in layers if r['remat'] == 'no remat'):.2f}-"
+          f"{max(r['ratio'] for r in layers if r['remat'] == 'no remat'):.2f}x the paper's list")
     prec = precision_rows()
     print("\nmixed precision (2 layers, h 128, 4 heads, vocab 96, seq 64, batch 8; XLA memory analysis):")
     print(f"{'precision':28s} {'arguments':>10} {'B/param':>7} {'temps':>10} {'total':>10}  memory.estimate B/param")
@@ -149,7 +190,7 @@ def main(argv=None) -> int:
         print(f"{r['precision']:28s} {r['arguments']:>10,} {r['arguments_per_param']:>7.2f} {r['temps']:>10,} "
               f"{r['total']:>10,}  {r['estimate_bytes_per_param']:.0f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"configs": rows, "precision": prec}, indent=2) + "\n")
+        Path(args.json).write_text(json.dumps({"configs": rows, "layers": layers, "precision": prec}, indent=2) + "\n")
     return 0
 
 

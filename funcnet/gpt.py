@@ -27,12 +27,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.ad_checkpoint import checkpoint_name
 
 from funcnet import init as _init
 from funcnet import nn
 
 __all__ = ["GPTConfig", "GPT", "build", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
-           "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params"]
+           "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params", "ACTIVATIONS",
+           "REMAT", "remat_policy", "stack_blocks", "scan_blocks", "measure_activations"]
 
 
 class GPTConfig(NamedTuple):
@@ -66,6 +68,43 @@ def _check_config(config) -> GPTConfig:
     return config
 
 
+# The tensors of one block that Korthikanti et al. 2022 count as its activations (section 4.1,
+# no dropout), named with jax.ad_checkpoint.checkpoint_name where the block computes them.
+# Outside jax.checkpoint a name is the identity; under it, a policy decides which are kept.
+ACTIVATIONS = ("ln_1_in", "attn_in", "q", "k", "v", "attn_probs", "attn_out", "ln_2_in", "mlp_in", "gelu_in",
+               "gelu_out")
+REMAT = ("paper", "selective", "full")
+
+
+def remat_policy(remat):
+    """The ``jax.checkpoint`` policy for ``GPT(..., remat=...)``:
+
+    - ``"paper"``: keep exactly the paper's list (``ACTIVATIONS``) and recompute the rest
+      (LayerNorm's statistics, the GELU's erf terms, the scores before the softmax):
+      ``memory.transformer_activations(recompute="none", dropout=False)``, 16 p sbh + p a s^2 b
+      per layer;
+    - ``"selective"``: the same without the softmax output, which the backward recomputes from
+      Q and K (the paper's selective recomputation): ``recompute="selective"``, 16 p sbh;
+    - ``"full"``: keep only each block's input and run the block again in the backward:
+      ``recompute="full"``, p sbh;
+    - a ``jax.checkpoint_policies`` function is used as it is.
+
+    torch: ``torch.utils.checkpoint.checkpoint(block, x)`` is ``"full"``; torch's selective
+    activation checkpointing (``create_selective_checkpoint_contexts``) plays the policy's part.
+    """
+    policies = jax.checkpoint_policies
+    if remat == "paper":
+        return policies.save_only_these_names(*ACTIVATIONS)
+    if remat == "selective":
+        return policies.save_only_these_names(*(n for n in ACTIVATIONS if n != "attn_probs"))
+    if remat == "full":
+        return policies.nothing_saveable
+    if callable(remat):
+        return remat
+    raise ValueError(f"GPT: remat must be None, one of {REMAT} or a jax.checkpoint_policies function, got "
+                     f"{remat!r}")
+
+
 # nanoGPT's _init_weights: N(0, 0.02) for Linear and Embedding weights, zeros for biases.
 _normal_02 = functools.partial(_init.normal, std=0.02)
 
@@ -95,7 +134,7 @@ def causal_attention(q, k, v, dropout=None):
     att = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=stat) * (1.0 / math.sqrt(k.shape[-1]))
     mask = jnp.tril(jnp.ones((T, T), dtype=bool))
     att = jnp.where(mask, att, -jnp.inf)  # the diagonal is always kept: no row is all -inf
-    att = jax.nn.softmax(att, axis=-1)
+    att = checkpoint_name(jax.nn.softmax(att, axis=-1), "attn_probs")
     if dropout is not None:
         att = dropout(att)
     return jnp.einsum("bhqk,bhkd->bhqd", att.astype(v.dtype), v)
@@ -109,13 +148,13 @@ def CausalSelfAttention(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
 
     def forward(self, x):
         B, T, C = x.shape  # batch, sequence length, embedding dimensionality (n_embd)
-        q, k, v = jnp.split(self.c_attn(x), 3, axis=2)
-        q = q.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)  # (B, nh, T, hs)
-        k = k.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
-        v = v.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3)
+        q, k, v = jnp.split(self.c_attn(checkpoint_name(x, "attn_in")), 3, axis=2)
+        q = checkpoint_name(q.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "q")  # (B, nh, T, hs)
+        k = checkpoint_name(k.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "k")
+        v = checkpoint_name(v.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "v")
         y = causal_attention(q, k, v, self.attn_dropout)
         y = y.transpose(0, 2, 1, 3).reshape(B, T, C)  # re-assemble all head outputs side by side
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(checkpoint_name(y, "attn_out")))
 
     return nn.Composite(
         forward, name=f"CausalSelfAttention(n_embd={n_embd}, n_head={n_head})",
@@ -129,8 +168,8 @@ def MLP(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
     n_embd = config.n_embd
 
     def forward(self, x):
-        x = self.c_fc(x)
-        x = self.gelu(x)
+        x = checkpoint_name(self.c_fc(checkpoint_name(x, "mlp_in")), "gelu_in")
+        x = checkpoint_name(self.gelu(x), "gelu_out")
         x = self.c_proj(x)
         return self.dropout(x)
 
@@ -145,8 +184,8 @@ def Block(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
     """nanoGPT's pre-LN ``Block``: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
+        x = x + self.attn(self.ln_1(checkpoint_name(x, "ln_1_in")))
+        x = x + self.mlp(self.ln_2(checkpoint_name(x, "ln_2_in")))
         return x
 
     return nn.Composite(
@@ -157,7 +196,7 @@ def Block(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
         mlp=MLP(config, dtype=dtype))
 
 
-def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
+def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
     """nanoGPT's ``GPT``: idx ``(B, T)`` int (``T <= block_size``) -> logits ``(B, T, vocab_size)``.
 
     params (nanoGPT's state_dict keys): ``transformer.{wte, wpe}.weight``,
@@ -165,8 +204,24 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
     ``transformer.ln_f.*`` and ``lm_head.weight``, the last tied to ``transformer.wte.weight``.
     Init is nanoGPT's. ``dtype``: the parameters' dtype (float64 for checks against torch).
     Dropout (``config.dropout > 0``) needs ``key`` and ``train=True``, as every funcnet layer.
+
+    ``remat`` (activation checkpointing; see ``remat_policy``): ``None`` runs the blocks in a
+    Python loop and keeps whatever XLA keeps; ``"paper"``, ``"selective"``, ``"full"`` or a
+    policy run them in one ``lax.scan`` over the blocks' params stacked on the fly (a copy of
+    the blocks' params for the step), each step under ``jax.checkpoint(policy=...)``. The
+    scan is what makes the policy hold on every backend: in straight-line code XLA:CPU
+    schedules the recomputation before the backward, undoing it. Same params, same keys per
+    block, same results; torch: ``checkpoint(block, x, use_reentrant=False)`` in the loop.
     """
     config = _check_config(config)
+    policy = None if remat is None else remat_policy(remat)
+
+    def run_blocks(self, x):
+        # the loop's keys, drawn in its order, so dropout is the same with and without remat
+        keys = [self.next_key() for _ in range(config.n_layer)]
+        keys = None if keys[0] is None else jnp.stack(keys)
+        return scan_blocks(config, stack_blocks(self.transformer.h.params), x, remat=policy, keys=keys,
+                           train=self.training, dtype=dtype)
 
     def forward(self, idx):
         if jnp.ndim(idx) != 2 or not jnp.issubdtype(jnp.result_type(idx), jnp.integer):
@@ -180,8 +235,11 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
         tok_emb = self.transformer.wte(idx)  # token embeddings of shape (b, t, n_embd)
         pos_emb = self.transformer.wpe(pos)  # position embeddings of shape (t, n_embd)
         x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
-            x = block(x)
+        if policy is None:
+            for block in self.transformer.h:
+                x = block(x)
+        else:
+            x = run_blocks(self, x)
         x = self.transformer.ln_f(x)
         return self.lm_head(x)  # logits at every position (b, t, vocab_size)
 
@@ -192,8 +250,9 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
         h=nn.ModuleList([Block(config, dtype=dtype) for _ in range(config.n_layer)]),
         ln_f=nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype),
     ))
+    remat_name = "" if remat is None else f", remat={remat if isinstance(remat, str) else 'policy'}"
     return nn.Composite(
-        forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in config._asdict().items())})",
+        forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in config._asdict().items())}{remat_name})",
         transformer=transformer, lm_head=_linear(config.n_embd, config.vocab_size, False, dtype),
         tied={"lm_head.weight": "transformer.wte.weight"})
 
@@ -212,6 +271,71 @@ def num_params(params, non_embedding: bool = True) -> int:
     if non_embedding:
         n -= int(params["transformer"]["wpe"]["weight"].size)
     return n
+
+
+def stack_blocks(h) -> dict:
+    """The blocks' params ``{"0": p0, "1": p1, ...}`` (``params["transformer"]["h"]``) as one
+    tree whose leaves have the layer as their first axis, the form ``lax.scan`` runs over."""
+    return jax.tree.map(lambda *a: jnp.stack(a), *[h[str(i)] for i in range(len(h))])
+
+
+def scan_blocks(config: GPTConfig, stacked, x, *, remat=None, keys=None, train: bool = False, dtype=jnp.float32):
+    """``x`` through the blocks whose params are ``stacked`` (``stack_blocks``), as one ``lax.scan``
+    whose body is ``jax.checkpoint(block, policy=remat_policy(remat))`` (no checkpoint when
+    ``remat`` is None). ``keys``: one PRNG key per block, stacked, for dropout."""
+    block = Block(config, dtype=dtype)
+    # The backward's recomputation draws the same dropout masks again from the same keys, on
+    # purpose; the scan carries the keys' raw bits so jax_debug_key_reuse does not flag it.
+    impl = None if keys is None else jax.random.key_impl(keys)
+    bits = None if keys is None else jax.random.key_data(keys)
+
+    def body(x, params_bits):
+        params, b = params_bits
+        key = None if b is None else jax.random.wrap_key_data(b, impl=impl)
+        return block.apply(params, x, key=key, train=train), None
+
+    if remat is not None:
+        body = jax.checkpoint(body, policy=remat_policy(remat))
+    return jax.lax.scan(body, x, (stacked, bits))[0]
+
+
+def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2, 4), dtype=jnp.float32) -> dict:
+    """What XLA keeps per block for the backward, measured: the temps of the compiled
+    ``value_and_grad`` of the GPT's loss, with the blocks' params passed stacked (as
+    ``scan_blocks`` runs them, so no per-step stacking copy is counted) at ``config.block_size``
+    tokens x ``batch``, for two depths; the bytes per block are the slope between them
+    (what does not grow with depth, the embeddings, logits and one block's backward working
+    set, cancels). Returns ``{"per_layer": bytes, "temps": {depth: bytes}}``. Nothing runs.
+
+    Compare ``memory.transformer_activations(1, ..., recompute=...)``: ``remat="paper"`` with
+    ``recompute="none"``, ``"selective"`` with ``"selective"``, ``"full"`` with ``"full"``.
+    """
+    from funcnet import losses, memory
+
+    lo, hi = layers
+    if not (isinstance(lo, int) and isinstance(hi, int) and 2 <= lo < hi):
+        raise ValueError(f"measure_activations: layers must be two depths 2 <= L1 < L2, got {layers!r} (XLA "
+                         f"inlines a scan of one block as straight-line code, where it undoes the recomputation)")
+    temps = {}
+    for n_layer in (lo, hi):
+        cfg = config._replace(n_layer=n_layer)
+        model = GPT(cfg, dtype=dtype)
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        top = params["transformer"]
+        rest = {**params, "transformer": {k: v for k, v in top.items() if k != "h"}}
+        stacked = jax.eval_shape(stack_blocks, top["h"])
+        children = dict(dict(model.children)["transformer"].children)
+
+        def loss(rest, stacked, idx, cfg=cfg, children=children):
+            t = rest["transformer"]
+            x = children["wte"].apply(t["wte"], idx) + children["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
+            x = scan_blocks(cfg, stacked, x, remat=remat, dtype=dtype)
+            logits = children["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T  # the tied LM head
+            return losses.cross_entropy(logits, idx)
+
+        idx = jax.ShapeDtypeStruct((batch, config.block_size), jnp.int32)
+        temps[n_layer] = memory.measure(jax.value_and_grad(loss, argnums=(0, 1)), rest, stacked, idx).temps
+    return {"per_layer": (temps[hi] - temps[lo]) / (hi - lo), "temps": temps}
 
 
 # ------------------------------------------------------------------------------ sampling

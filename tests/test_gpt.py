@@ -51,6 +51,39 @@ def test_forward_and_gradients_equal_torch_float64():
         check_layer(GPT(CFG, dtype=jnp.float64), TorchGPT(CFG), [_idx(shape=(2, 5))], train=True, dtype="float64")
 
 
+@pytest.mark.parametrize("remat", gpt.REMAT)
+def test_remat_blocks_in_a_scan_give_torchs_logits_and_gradients(remat):
+    # torch's twin runs its blocks in a Python loop with no checkpointing: remat changes what
+    # is stored for the backward, not what is computed.
+    with jax.enable_x64(True):
+        torch.manual_seed(0)
+        cfg = CFG._replace(n_layer=3)
+        check_layer(GPT(cfg, dtype=jnp.float64, remat=remat), TorchGPT(cfg), [_idx(shape=(2, 5))], train=True,
+                    dtype="float64")
+
+
+def test_remat_draws_the_loops_dropout_keys():
+    cfg = CFG._replace(n_layer=2, dropout=0.3)
+    plain, idx = GPT(cfg), _idx()
+    params = plain.init(jax.random.key(0))
+
+    def loss(model, seed=7):
+        return lambda p: funcnet.losses.cross_entropy(model.apply(p, idx, key=jax.random.key(seed), train=True), idx)
+
+    want_loss, want = jax.value_and_grad(loss(plain))(params)
+    got_loss, got = jax.value_and_grad(loss(GPT(cfg, remat="selective")))(params)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+    # a different key gives different masks: the loss above depends on the key
+    assert abs(float(loss(plain, seed=8)(params)) - float(want_loss)) > 1e-4
+
+
+def test_bad_remat_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"remat must be None, one of \('paper', 'selective', 'full'\).*'some'"):
+        GPT(CFG, remat="some")
+
+
 def test_state_dict_keys_and_order_are_torchs_with_both_tied_keys():
     ours, theirs, params = _pair()
     sd = funcnet.state_dict(params, model=ours)

@@ -131,7 +131,9 @@ class _Scope:
         self._params, self._state = params, state
         self._key, self.training = key, train
 
-    def _next_key(self):
+    def next_key(self):
+        """A fresh PRNG key from the caller's (None when apply got no key): for a forward that
+        runs children itself (a ``lax.scan`` over stacked blocks) and hands each its key."""
         if self._key is None:
             return None
         self._key, sub = jax.random.split(self._key)
@@ -145,7 +147,7 @@ class _Scope:
         for p in path:
             state = state.get(p, {}) if isinstance(state, Mapping) else {}
         y, new_state = call(module, params, state if module.has_state else None, *inputs,
-                            key=self._next_key(), train=self.training, **kwargs)
+                            key=self.next_key(), train=self.training, **kwargs)
         if module.has_state:
             node = self._state
             for p in path[:-1]:
