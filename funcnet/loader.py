@@ -25,6 +25,7 @@ batches already on the device (``grain.experimental.device_put``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -55,9 +56,11 @@ def write_records(directory: str | os.PathLike, x, y, *, shards: int = 4) -> Pat
     """Write ``x`` (``(n, *shape)``, any numpy dtype: uint8 images stay uint8) and ``y`` (``(n,)``
     int class indices) as ``shards`` ArrayRecord files plus ``records.json`` in ``directory``.
 
-    Each record is the label (int64, little-endian) followed by the example's raw bytes.
-    Returns ``directory`` as a Path. torch has no file format of its own for this
-    (``torch.save`` of the whole tensor, or a ``Dataset`` over image files).
+    Each record is the label (int64, little-endian) followed by the example's raw bytes;
+    ``records.json`` also holds the SHA-256 of all records in order (``funcnet train --stream``
+    compares it on ``--resume`` without reading the shards again). Returns ``directory`` as a
+    Path. torch has no file format of its own for this (``torch.save`` of the whole tensor, or
+    a ``Dataset`` over image files).
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -74,13 +77,17 @@ def write_records(directory: str | os.PathLike, x, y, *, shards: int = 4) -> Pat
     directory.mkdir(parents=True, exist_ok=True)
     names = [f"shard-{i:05d}-of-{shards:05d}.array_record" for i in range(shards)]
     bounds = np.linspace(0, len(x), shards + 1).astype(int)
+    digest = hashlib.sha256()
     for name, lo, hi in zip(names, bounds[:-1], bounds[1:]):
         # group_size:1: each record its own chunk, so a random read decodes one example
         writer = ArrayRecordWriter(str(directory / name), "group_size:1")
         for i in range(lo, hi):
-            writer.write(np.int64(y[i]).astype("<i8").tobytes() + x[i].tobytes())
+            record = np.int64(y[i]).astype("<i8").tobytes() + x[i].tobytes()
+            digest.update(record)
+            writer.write(record)
         writer.close()
-    meta = {"count": int(len(x)), "shape": list(x.shape[1:]), "dtype": x.dtype.str, "shards": names}
+    meta = {"count": int(len(x)), "shape": list(x.shape[1:]), "dtype": x.dtype.str, "shards": names,
+            "sha256": digest.hexdigest()}
     (directory / _META).write_text(json.dumps(meta))
     return directory
 
@@ -244,7 +251,8 @@ class Loader:
         # Threads would fight the training step for the GIL; the parallelism is the workers'.
         it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         if self.workers:
-            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=2))
+            it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=2),
+                                worker_init_fn=_ignore_sigint)
         it = grain.experimental.device_put(it, jax.devices()[0], cpu_buffer_size=self.prefetch,
                                            device_buffer_size=self.prefetch)
         return _Closing(iter(it))
@@ -252,6 +260,15 @@ class Loader:
     def __repr__(self) -> str:
         return (f"Loader({str(self.records.directory)!r}, batch_size={self.batch_size}, seed={self.seed}, "
                 f"workers={self.workers}, augment={self.augment!r})")
+
+
+def _ignore_sigint(worker_index: int, worker_count: int) -> None:
+    # Ctrl-C reaches the whole process group. As torch's DataLoader workers do, leave it to the
+    # main process, which stops the workers as its iteration unwinds: no traceback from each
+    # worker, no empty shared-memory segment left by a worker interrupted inside shm_open.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _Closing:
@@ -285,21 +302,42 @@ class _Closing:
         self.close()
 
 
-def fit_stream(model, tx, loader: Loader, *, epochs: int, key, state=None, loss_fn=None,
-               every_steps: int | None = None, on_steps: Callable | None = None,
-               on_epoch: Callable | None = None, partial_metrics: dict | None = None, **step_kwargs):
+def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, state=None, loss_fn=None,
+               accum_steps: int = 1, policy: Any = None, loss_scale: Any = None, metrics: Callable | None = None,
+               progress: bool = True, on_epoch: Callable | None = None, every_steps: int | None = None,
+               on_steps: Callable | None = None, partial_metrics: dict | None = None, devices: int | None = None,
+               parallel: str | None = None, check_finite: bool = True):
     """``funcnet.fit`` for data streamed from disk: ``(state, history)`` after epoch ``epochs``.
 
-    Each batch from ``loader`` goes through one ``make_step(model, tx, loss_fn, **step_kwargs)``
-    call; the history holds one record per epoch run (``epoch``, ``step``, ``train_loss`` and
-    ``train_accuracy`` as the mean of the per-step metrics, as in ``fit``). Where the run stands
-    is ``state.step``: batch ``state.step`` is next. With ``every_steps=n``,
-    ``on_steps(state, partial_metrics)`` is called whenever ``state.step`` reaches a multiple of
-    n inside an epoch; to resume, pass that ``state`` and ``partial_metrics`` (the epoch's
-    per-step metrics so far, numpy) back: the run then ends bitwise equal to an uninterrupted one.
+    Each batch from ``loader`` goes through one ``make_step(model, tx, loss_fn, accum_steps=,
+    policy=, metrics=)`` call (a model with state, e.g. BatchNorm, carries it in
+    ``state.model_state``). The history holds one record per epoch run, with ``fit``'s keys:
+    ``epoch``, ``step``, ``train_loss`` and ``train_accuracy`` (the mean of the per-step
+    metrics), ``skipped_steps`` and ``loss_scale`` with a loss scale, and ``test_loss``,
+    ``test_accuracy`` from ``train.evaluate`` on ``test_data=(x, y)`` (in memory) at each
+    epoch's end. ``progress``: fit's progress bar, one tick per epoch.
+
+    Where the run stands is ``state.step``: batch ``state.step`` is next. With
+    ``every_steps=n``, ``on_steps(state, partial_metrics)`` is called whenever ``state.step``
+    reaches a multiple of n inside an epoch; to resume, pass that ``state`` and
+    ``partial_metrics`` (the epoch's per-step metrics so far, numpy) back: the run then ends
+    bitwise equal to an uninterrupted one. ``on_epoch(state, record)`` after each epoch.
+
+    ``check_finite`` (as in ``fit``): ``test_data`` with NaN/Inf is refused before anything
+    compiles, and a non-finite epoch loss or parameter raises ``guards.NonFiniteLossError``
+    naming the epoch before ``on_epoch`` sees the record, so a checkpoint callback keeps the
+    last good state. The streamed inputs are not scanned beforehand (they may not fit in
+    memory): a NaN among them shows as a NaN loss. ``on_steps`` gets its state unchecked, as
+    in ``fit``: a callback that saves mid-epoch checks ``partial_metrics["loss"]`` itself
+    (``guards.check_finite_losses``).
+
+    One device only: ``devices`` > 1 or a ``parallel`` kind are refused (stream into
+    ``fit``'s data parallelism is not built; train in memory with ``fit(devices=N)``).
     """
     import jax
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from funcnet import guards as _guards
     from funcnet import losses as _losses
     from funcnet import train as _train
 
@@ -310,9 +348,28 @@ def fit_stream(model, tx, loader: Loader, *, epochs: int, key, state=None, loss_
         raise ValueError(f"fit_stream: every_steps must be a positive int or None, got {every_steps!r}")
     if not isinstance(loader, Loader):
         raise TypeError(f"fit_stream: loader must be a funcnet.loader.Loader, got {type(loader).__name__}")
-    step_fn = _train.make_step(model, tx, _losses.cross_entropy if loss_fn is None else loss_fn, **step_kwargs)
+    if devices not in (None, 1) or parallel is not None:
+        raise ValueError(f"fit_stream: devices={devices!r}, parallel={parallel!r}: fit_stream trains on one device "
+                         f"(data parallelism over streamed batches is not built); leave devices and parallel out, "
+                         f"or train in memory with funcnet.train.fit(..., devices=N)")
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1 \
+            or loader.batch_size % accum_steps:
+        raise ValueError(f"fit_stream: accum_steps must be a positive int dividing the loader's batch_size "
+                         f"{loader.batch_size} into equal micro-batches, got {accum_steps!r}")
+    _guards.check_tx(tx, "fit_stream")
+    if test_data is not None:
+        x_te, y_te = _guards.check_pair(test_data, "test_data", "fit_stream")
+        if check_finite:
+            _guards.check_finite(x_te, "test_data x", "fit_stream")
+            _guards.check_finite(y_te, "test_data y", "fit_stream")
+    loss_fn = _losses.cross_entropy if loss_fn is None else loss_fn
+    metrics = _train.default_metrics if metrics is None else metrics
+    step_fn = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy, metrics=metrics)
     if state is None:
-        state = _train.create_train_state(model, tx, key, policy=step_kwargs.get("policy"))
+        state = _train.create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
+    if test_data is not None:  # the test labels against the model's outputs; label 0 of the first pair fits any
+        _train._check_label_range(model, state.params, state.model_state,
+                                  (x_te[:1], np.zeros_like(np.asarray(y_te[:1]))), (x_te, y_te))
     per_epoch, done = loader.steps_per_epoch, int(state.step)
     if done > epochs * per_epoch:
         raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")
@@ -327,20 +384,38 @@ def fit_stream(model, tx, loader: Loader, *, epochs: int, key, state=None, loss_
             parts.append(jax.tree.map(lambda *m: np.stack([np.asarray(v) for v in m]), *pending))
             pending.clear()
 
-    with loader.batches(done, epochs * per_epoch) as batches:
+    columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+               TimeElapsedColumn()]
+    with Progress(*columns, disable=not progress, transient=False) as bar, \
+            loader.batches(done, epochs * per_epoch) as batches:
+        task = bar.add_task("", total=epochs, completed=done // per_epoch)
         for s, batch in enumerate(batches, start=done):
-            state, metrics = step_fn(state, batch)
-            pending.append(metrics)
+            state, step_metrics = step_fn(state, batch)
+            pending.append(step_metrics)
             s += 1
             if s % per_epoch == 0:
                 flush()
                 epoch_metrics = jax.tree.map(lambda *p: np.concatenate(p), *parts)
                 parts.clear()
                 record = {"epoch": s // per_epoch, "step": s}
-                record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()})
+                record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
+                               if k not in ("loss_scale", "grads_finite")})
+                if "grads_finite" in epoch_metrics:
+                    record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
+                                  loss_scale=float(state.loss_scale.loss_scale))
+                if test_data is not None:
+                    scores = _train.evaluate(model, state.params, x_te, y_te, state=state.model_state,
+                                             loss_fn=loss_fn, metrics=metrics)
+                    record.update({f"test_{k}": v for k, v in scores.items()})
+                if check_finite:
+                    _guards.check_finite_record(record, state.params)
                 history.append(record)
                 if on_epoch is not None:
                     on_epoch(state, record)
+                desc = f"loss {record['train_loss']:.4f}"
+                if "test_accuracy" in record:
+                    desc += f"  test acc {record['test_accuracy']:.4f}"
+                bar.update(task, advance=1, description=desc)
             elif every_steps is not None and on_steps is not None and s % every_steps == 0:
                 flush()
                 on_steps(state, jax.tree.map(lambda *p: np.concatenate(p), *parts))

@@ -1,12 +1,15 @@
 """funcnet.loader against independent oracles: the numpy arrays written, a brute-force search
 for the crop window, permutations checked as sets, and an uninterrupted run for kill-and-resume."""
 
+import hashlib
+import json
+
 import jax
 import numpy as np
 import optax
 import pytest
 
-from funcnet import checkpoint, loader, nn, train
+from funcnet import checkpoint, data, guards, loader, models, nn, precision, train
 
 N, SHAPE = 50, (1, 6, 6)
 
@@ -34,6 +37,10 @@ def test_records_round_trip(records):
         assert int(yi) == y[i]
     got = rec.__getitems__([3, 40])
     np.testing.assert_array_equal(got[1][0], x[40])
+    # records.json's digest: of the label (int64 little-endian) and the bytes of each example, in order
+    expected = hashlib.sha256(b"".join(int(label).to_bytes(8, "little") + image.tobytes()
+                                      for image, label in zip(x, y)))
+    assert json.loads((directory / "records.json").read_text())["sha256"] == expected.hexdigest()
 
 
 def test_each_epoch_is_a_seeded_permutation_without_the_remainder(records):
@@ -125,8 +132,75 @@ def test_bad_arguments_are_named(records, tmp_path):
         loader.write_records(tmp_path / "bad", np.zeros((3, 2)), np.zeros(4, int))
     with pytest.raises(ValueError, match="CropFlip: an image"):
         loader.CropFlip(1)((np.zeros(4), 0), np.random.default_rng(0))
+    lo = loader.Loader(directory, 8)
+    model, tx = nn.MLP([36, 5]), optax.sgd(0.1)
     with pytest.raises(ValueError, match="partial_metrics"):
-        lo = loader.Loader(directory, 8)
-        model, tx = nn.MLP([36, 5]), optax.sgd(0.1)
         state = train.create_train_state(model, tx, jax.random.key(0))._replace(step=np.int32(3))
         loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), state=state)
+    with pytest.raises(ValueError, match=r"devices=2, parallel=None: fit_stream trains on one device"):
+        loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), devices=2)
+    with pytest.raises(ValueError, match="accum_steps must be a positive int dividing the loader's batch_size 8"):
+        loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), accum_steps=3)
+    with pytest.raises(ValueError, match=r"test labels range over \[0, 7\] but the model has 5 outputs"):
+        loader.fit_stream(model, tx, lo, (np.zeros((3, 36), np.float32), np.array([0, 7, 1])), epochs=1,
+                          key=jax.random.key(0))
+    with pytest.raises(ValueError, match="fit_stream: test_data x holds 36 non-finite values"):
+        loader.fit_stream(model, tx, lo, (np.full((1, 36), np.nan, np.float32), np.array([0])), epochs=1,
+                          key=jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """256 training examples of digits as records (8 steps of 32), 120 test examples in memory."""
+    (x, y), (x_te, y_te) = data.load("digits")
+    return loader.write_records(tmp_path_factory.mktemp("digits"), x[:256], y[:256]), (x_te[:120], y_te[:120])
+
+
+def test_test_metrics_are_the_final_models_with_its_batchnorm_statistics(digits):
+    directory, (x_te, y_te) = digits
+    model, tx = models.ConvNet(10, image=8), optax.sgd(0.05, momentum=0.9)  # BatchNorm: state in TrainState
+    state, history = loader.fit_stream(model, tx, loader.Loader(directory, 32, seed=3), (x_te, y_te), epochs=2,
+                                       key=jax.random.key(0), progress=False)
+    assert [r["step"] for r in history] == [8, 16] and int(state.step) == 16
+    assert set(history[-1]) == {"epoch", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy"}
+    scores = train.evaluate(model, state.params, x_te, y_te, state=state.model_state)
+    assert history[-1]["test_loss"] == scores["loss"] and history[-1]["test_accuracy"] == scores["accuracy"]
+    # numpy on eval-mode outputs: cross entropy from log-softmax, accuracy from argmax
+    logits = np.asarray(nn.call(model, state.params, state.model_state, x_te, train=False)[0], np.float64)
+    log_p = logits - logits.max(1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
+    np.testing.assert_allclose(history[-1]["test_loss"], -log_p[np.arange(len(y_te)), y_te].mean(), rtol=1e-5)
+    assert history[-1]["test_accuracy"] == np.mean(logits.argmax(1) == y_te)
+    # the running statistics moved, and the score depends on them: the stepped state was used
+    assert int(state.model_state["bn1"]["num_batches_tracked"]) == 16
+    fresh = train.evaluate(model, state.params, x_te, y_te, state=model.init_state())
+    assert abs(fresh["loss"] - history[-1]["test_loss"]) > 1e-3
+
+
+def test_records_match_fits_keys_with_a_loss_scale(digits):
+    directory, test = digits
+    (x, y), _ = data.load("digits")
+    model, tx = nn.MLP([64, 16, 10]), optax.adam(1e-3)
+    kw = lambda: dict(epochs=1, progress=False, policy="fp16", key=jax.random.key(0),  # noqa: E731
+                      loss_scale=precision.DynamicLossScale())  # fresh: the first run donates its arrays
+    _, theirs = train.fit(model, tx, (x[:256], y[:256]), test, batch_size=32, **kw())
+    _, ours = loader.fit_stream(model, tx, loader.Loader(directory, 32), test, **kw())
+    assert set(ours[0]) == set(theirs[0]) >= {"skipped_steps", "loss_scale", "test_loss"}
+    assert ours[0]["skipped_steps"] == theirs[0]["skipped_steps"] == 0 and ours[0]["loss_scale"] == 2.0 ** 16
+
+
+def test_a_nan_in_the_records_stops_the_run_before_on_epoch(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 8)).astype(np.float32), rng.integers(0, 3, size=64)
+    x[37, 2] = np.nan  # 64 examples in batches of 16: every epoch reads example 37
+    lo = loader.Loader(loader.write_records(tmp_path, x, y), 16)
+    model, tx = nn.MLP([8, 3]), optax.sgd(0.1)
+    seen = []
+    with pytest.raises(guards.NonFiniteLossError, match=r"the loss is not finite in epoch 1 \(step 4\): "
+                                                        r"train_loss = nan"):
+        loader.fit_stream(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False,
+                          on_epoch=lambda state, record: seen.append(record))
+    assert seen == []  # a checkpointing on_epoch never saw the bad state
+    _, history = loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), progress=False,
+                                   check_finite=False)
+    assert np.isnan(history[0]["train_loss"])  # the NaN does reach the loss: the guard is what stopped it
