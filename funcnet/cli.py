@@ -49,7 +49,7 @@ _NOT_YET: dict[str, tuple] = {}
 
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
 # a resumed run writes the same file as an uninterrupted one.
-_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every")
+_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers")
 
 
 EXIT_ERROR, EXIT_NONFINITE, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 3, 130, 143
@@ -101,6 +101,16 @@ def _seed(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _resume_mode(text: str) -> str:
     if text != "auto":
         raise argparse.ArgumentTypeError(f"expected nothing or 'auto', got {text!r}")
@@ -119,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="digits (default), mnist, synthetic; text: characters of CPython's bundled docs "
                         "(the default, and the only data set, of --model gpt)")
     t.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (--dataset mnist)")
+    t.add_argument("--stream", default=None, metavar="DIR",
+                   help="train from record shards in DIR (funcnet.loader), read batch by batch from disk; an empty "
+                        "or missing DIR gets --dataset's training split written there first; the test split stays "
+                        "in memory")
+    t.add_argument("--workers", type=_non_negative_int, default=None, metavar="K",
+                   help="processes that read and batch --stream's records (default 0: this process)")
     t.add_argument("--epochs", type=_positive_int, default=20)
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--lr", type=_positive_float, default=1e-3)
@@ -212,9 +228,12 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         (x_tr, y_tr), (x_te, y_te) = text.load_text(args.block_size, stride=args.block_size // 2 or 1)
     else:
         (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
-    if args.batch_size > len(x_tr):
-        raise UsageError(f"--batch-size {args.batch_size} is larger than the {len(x_tr)} training examples of "
-                         f"{args.dataset}; use --batch-size <= {len(x_tr)}")
+    records = None if args.stream is None else _records_in(args, x_te.shape[1])  # None: written below
+    n_train = len(x_tr) if records is None else len(records)
+    if args.batch_size > n_train:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {n_train} training examples of "
+                         f"{args.dataset if records is None else '--stream ' + args.stream}; use --batch-size "
+                         f"<= {n_train}")
     # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
     # refused, not grow the model a 256th class.
     n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
@@ -223,17 +242,29 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
 
     config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
-    fingerprint = data.fingerprint(x_tr, y_tr, x_te, y_te)
-    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
+    stream = None
+    if args.stream is None:
+        fingerprint = data.fingerprint(x_tr, y_tr, x_te, y_te)
+    else:
+        stream = _stream(args, records, x_tr, y_tr)
+        fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
+        x_tr = y_tr = None  # the training data is read from disk from here on
+    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run,
+                                         steps_per_epoch=None if stream is None else stream.steps_per_epoch)
 
     start = time.perf_counter()
     run.training = True
     with _out_of_memory_is_one_line(args):
-        parallel = {"devices": args.devices, "parallel": args.parallel} if data_parallel else {}
-        state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), epochs=args.epochs,
-                                   batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                   progress=not args.quiet, policy=policy, loss_scale=loss_scale,
-                                   **parallel, **resume_kwargs)
+        common = {"epochs": args.epochs, "key": jax.random.key(args.seed), "progress": not args.quiet,
+                  "policy": policy, "loss_scale": loss_scale, **resume_kwargs}
+        if stream is not None:
+            from funcnet import loader
+
+            state, history = loader.fit_stream(model, tx, stream, (x_te, y_te), **common)
+        else:
+            parallel = {"devices": args.devices, "parallel": args.parallel} if data_parallel else {}
+            state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), batch_size=args.batch_size,
+                                       **parallel, **common)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
@@ -254,6 +285,77 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+def _records_in(args, n_features: int):
+    """The ``loader.Records`` in --stream DIR, or None when DIR is missing or empty (``_stream``
+    writes --dataset's training split there)."""
+    import numpy as np
+
+    from funcnet import loader
+
+    directory = Path(args.stream)
+    if not (directory / loader._META).is_file():
+        if directory.is_dir() and any(directory.iterdir()):
+            raise UsageError(f"--stream {args.stream} holds files but no {loader._META}, so no records written by "
+                             f"funcnet.loader.write_records; pass an empty or missing folder (the training split of "
+                             f"--dataset {args.dataset} is written there) or a folder of records")
+        return None
+    try:
+        records = loader.Records(directory)
+    except (KeyError, TypeError, ValueError) as e:  # a records.json of something else
+        raise UsageError(f"--stream {args.stream}: {loader._META} is not funcnet.loader's ({type(e).__name__}: {e}); "
+                         f"write the records again, or pass an empty folder") from None
+    if int(np.prod(records.shape)) != n_features:
+        raise UsageError(f"--stream {args.stream} holds examples of shape {records.shape} "
+                         f"({int(np.prod(records.shape))} features) but the test split of --dataset {args.dataset} has "
+                         f"{n_features}; pass the --dataset the records were written from, or an empty --stream folder")
+    return records
+
+
+def _stream(args, records, x_tr, y_tr):
+    """A ``loader.Loader`` over --stream DIR, after writing the training split ``(x_tr, y_tr)``
+    there when ``records`` is None. The records are written into a hidden folder beside DIR
+    and renamed into place, so a run killed while writing leaves no half-written DIR."""
+    from funcnet import loader
+
+    directory = Path(args.stream)
+    if records is None:
+        for kind, stale in _Outputs(directory)._stale():  # what killed writers left (dead PIDs only)
+            if kind == "tmp":
+                shutil.rmtree(stale, ignore_errors=True)
+        staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            shards = min(4, len(x_tr))
+            loader.write_records(staging, x_tr, y_tr, shards=shards)  # float32 as loaded: the same bits as in memory
+            os.rename(staging, directory)  # onto a missing or empty folder
+            _fsync_dir(directory.parent)
+        except OSError as e:
+            raise OSError(e.errno, f"--stream {args.stream}: could not write the training split of {args.dataset} "
+                                   f"there: {e.strerror or e}; pass a folder this user can write, with free space") \
+                from None
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        print(f"--stream {args.stream}: wrote the {len(x_tr)} training examples of {args.dataset} there ({shards} "
+              f"ArrayRecord shards); training reads them from disk, the test split stays in memory")
+    else:
+        print(f"--stream {args.stream}: training on the {len(records)} records already there; --dataset "
+              f"{args.dataset} gives the test split only")
+    return loader.Loader(directory, args.batch_size, seed=args.seed, workers=args.workers)
+
+
+def _stream_fingerprint(records, x_te, y_te) -> str:
+    """What --resume compares for --stream: records.json (count, shape, dtype, shard names and
+    the SHA-256 of the records, taken by write_records as it wrote them) and the shards' sizes,
+    plus the test split. Cheap at any size: the shards are not read again (streamed data may
+    be far larger than memory), so shards changed in place after writing go unnoticed."""
+    import numpy as np
+
+    from funcnet import data, loader
+
+    listing = np.frombuffer((records.directory / loader._META).read_bytes(), np.uint8)
+    sizes = np.array([os.path.getsize(p) for p in records.paths], np.int64)
+    return data.fingerprint(listing, sizes, x_te, y_te)
 
 
 def _build_model(args, n_features: int, n_classes: int):
@@ -572,10 +674,11 @@ def _check_flags(args) -> None:
     if args.data_dir is not None and args.dataset != "mnist":
         raise UsageError(f"--data-dir {args.data_dir} is only read with --dataset mnist; leave it out for "
                          f"--dataset {args.dataset}")
-    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--data-dir", args.data_dir)):
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--data-dir", args.data_dir),
+                        ("--stream", args.stream)):
         if value is not None and not value.strip():
             raise UsageError(f"{flag} is empty; pass a folder name (an empty one would mean the current folder)")
-    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir)):
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--stream", args.stream)):
         blocker = value is not None and _file_above(Path(value))
         if blocker:
             raise UsageError(f"{flag} {value} is inside {blocker}, which is a file; pass a folder path")
@@ -585,7 +688,28 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+    _check_stream_flags(args)
     _check_out(args)
+
+
+def _check_stream_flags(args) -> None:
+    """--stream DIR [--workers K]: one device, the MLP and conv net (not the GPT's text)."""
+    if args.stream is None:
+        if args.workers is not None:
+            raise UsageError(f"--workers {args.workers} sets the processes that read --stream's records; pass "
+                             f"--stream DIR to train from records on disk, or leave --workers out")
+        return
+    args.workers = args.workers or 0
+    if args.model == "gpt":
+        raise UsageError(f"--stream {args.stream} reads image or feature records with class labels; --model gpt "
+                         f"trains on --dataset text in memory: leave --stream out")
+    if args.devices > 1 or args.parallel is not None:
+        given = f"--devices {args.devices}" if args.devices > 1 else f"--parallel {args.parallel}"
+        raise UsageError(f"{given} is not supported with --stream yet (streamed batches train on one device); "
+                         f"leave {given.split()[0]} out, or drop --stream to train data-parallel in memory")
+    if Path(args.stream).exists() and not Path(args.stream).is_dir():
+        raise UsageError(f"--stream {args.stream} is a file; pass a folder of records (funcnet.loader.write_records) "
+                         f"or an empty or missing one, where the training split of --dataset is written")
 
 
 def _file_above(path: Path):
@@ -604,11 +728,11 @@ def _check_out(args) -> None:
     if resolved == cwd or resolved in cwd.parents or resolved.parent == resolved:
         raise UsageError(f"--out {args.out} is the current folder or one above it; the outputs replace --out as a "
                          f"whole, so give the run a folder of its own (e.g. --out runs/train)")
-    if args.checkpoint_dir is not None:
-        ckpt = Path(args.checkpoint_dir).resolve()
-        if ckpt == resolved or resolved in ckpt.parents:
-            raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is inside --out {args.out}, which is replaced "
-                             f"as a whole when the run ends; put it beside, e.g. --checkpoint-dir {args.out}-ckpt")
+    for flag, value, beside in (("--checkpoint-dir", args.checkpoint_dir, "ckpt"), ("--stream", args.stream, "data")):
+        inner = None if value is None else Path(value).resolve()
+        if inner is not None and (inner == resolved or resolved in inner.parents):
+            raise UsageError(f"{flag} {value} is inside --out {args.out}, which is replaced as a whole when the run "
+                             f"ends; put it beside, e.g. {flag} {args.out}-{beside}")
     if not out.is_dir():
         return
     entries = os.listdir(out)
@@ -624,13 +748,17 @@ def _check_out(args) -> None:
                              f"or choose another --out")
 
 
-def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
+def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_per_epoch=None):
     """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
     epoch (and every --checkpoint-every steps; fit itself stops on a non-finite epoch before its
     on_epoch runs, so the last checkpoint stays good) and,
     with --resume, the state and position of the newest checkpoint there. Each checkpoint's
     metadata holds the flags, the data's fingerprint, the history so far and the position
-    inside the epoch, so a resumed run ends with the same metrics."""
+    inside the epoch, so a resumed run ends with the same metrics.
+
+    With ``steps_per_epoch`` (--stream) the kwargs are ``loader.fit_stream``'s: the batch
+    order follows from ``state.step``, so a position inside an epoch is the epoch and its
+    per-step metrics so far (no shuffle key), resumed as ``partial_metrics``."""
     import jax
     import numpy as np
 
@@ -661,16 +789,22 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
         template = train.create_train_state(model, tx, jax.random.key(0), loss_scale=loss_scale)
         state = checkpoint.restore(directory, template, newest)
         pos, done = meta["position"], meta["history"]
-        start = train.Position(pos["epoch"])
-        if "perm_key" in pos:  # a checkpoint taken inside an epoch
-            start = start._replace(
-                perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
-                metrics={k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()})
-        reached = start.epoch + (start.perm_key is not None)
+        if steps_per_epoch is not None:  # --stream: the position is state.step
+            partial = None
+            if "metrics" in pos:  # a checkpoint taken inside an epoch
+                partial = {k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()}
+            reached, resumed = pos["epoch"] + (partial is not None), {"partial_metrics": partial}
+        else:
+            start = train.Position(pos["epoch"])
+            if "perm_key" in pos:  # a checkpoint taken inside an epoch
+                start = start._replace(
+                    perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
+                    metrics={k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()})
+            reached, resumed = start.epoch + (start.perm_key is not None), {"start": start}
         if reached > args.epochs:
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
                              f"{args.epochs}; pass --epochs {reached} or more")
-        kwargs.update(state=state, start=start)
+        kwargs.update(state=state, **resumed)
         run.saved_step = newest
     elif newest is not None:
         raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step {newest}); pass "
@@ -687,17 +821,25 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
         done.append(record)
         save(state, {"position": {"epoch": record["epoch"]}})
 
-    def on_steps(state, position):
-        losses = np.asarray(position.metrics["loss"])
-        guards.check_finite_losses(losses, int(state.step) - len(losses) + 1, position.epoch + 1, state.params)
-        inside = {"epoch": position.epoch, "perm_key": jax.random.key_data(position.perm_key).tolist(),
-                  "key_impl": str(jax.random.key_impl(position.perm_key)),
+    def save_inside(state, epoch, step_metrics, shuffle):
+        losses = np.asarray(step_metrics["loss"])
+        guards.check_finite_losses(losses, int(state.step) - len(losses) + 1, epoch + 1, state.params)
+        inside = {"epoch": epoch, **shuffle,
                   # every per-step metric the step returns (fp16 adds grads_finite, loss_scale), exactly
                   "metrics": {k: [np.asarray(v).dtype.name, np.asarray(v).tolist()]
-                              for k, v in position.metrics.items()}}
+                              for k, v in step_metrics.items()}}
         save(state, {"position": inside})
 
-    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=on_steps)
+    def on_steps(state, position):
+        save_inside(state, position.epoch, position.metrics,
+                    {"perm_key": jax.random.key_data(position.perm_key).tolist(),
+                     "key_impl": str(jax.random.key_impl(position.perm_key))})
+
+    def on_stream_steps(state, partial_metrics):  # fit_stream's hook: epochs done follow from state.step
+        save_inside(state, int(state.step) // steps_per_epoch, partial_metrics, {})
+
+    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every,
+                  on_steps=on_steps if steps_per_epoch is None else on_stream_steps)
     return list(done), kwargs
 
 

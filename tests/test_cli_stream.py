@@ -1,0 +1,181 @@
+"""`funcnet train --stream DIR --workers K`: training from record shards on disk.
+
+Oracles: the digits split as numpy arrays (what the records must hold), loader.fit_stream
+called directly on the same files, an uninterrupted run for kill-and-resume, and the
+in-memory path's exit status and messages for a NaN run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from funcnet import checkpoint, cli, data, loader, nn, state_dict
+
+from tests.test_cli import run_main
+
+TINY = ["--quiet", "--hidden", "8", "--batch-size", "128"]  # 11 steps an epoch of digits' 1437
+CNN = ["--quiet", "--model", "cnn", "--batch-size", "128", "--optimizer", "sgd", "--lr", "0.05"]  # 11 steps
+
+
+def _outputs(out):
+    return np.load(out / "params.npz"), (out / "metrics.json").read_bytes()
+
+
+def test_writes_the_split_once_then_reads_it_and_trains_as_fit_stream(tmp_path):
+    records = tmp_path / "records"
+    status, out, err = run_main(["train", *TINY, "--epochs", "2", "--stream", str(records), "--out",
+                                 str(tmp_path / "a")])
+    assert status == 0, err
+    assert out.startswith(f"--stream {records}: wrote the 1437 training examples of digits there (4 ArrayRecord "
+                          f"shards)")
+    (x, y), (x_te, y_te) = data.load("digits")
+    written = loader.Records(records)
+    assert len(written) == len(x) and written.shape == (64,) and written.dtype == np.float32
+    for i in (0, 700, len(x) - 1):  # the in-memory split, bit for bit
+        np.testing.assert_array_equal(written[i][0], x[i])
+        assert written[i][1] == y[i]
+
+    status, out, err = run_main(["train", *TINY, "--epochs", "2", "--stream", str(records), "--workers", "0",
+                                 "--out", str(tmp_path / "b")])
+    assert status == 0, err
+    assert out.startswith(f"--stream {records}: training on the 1437 records already there; --dataset digits "
+                          f"gives the test split only")
+    params, text = _outputs(tmp_path / "a")
+    assert text == _outputs(tmp_path / "b")[1]
+
+    # the library on the same files, with the command's defaults: Adam 1e-3, MLP 64-8-10, seed 0
+    model = nn.MLP([64, 8, 10])
+    state, history = loader.fit_stream(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te),
+                                       epochs=2, key=jax.random.key(0), progress=False)
+    metrics = json.loads(text)
+    assert metrics["history"] == history and metrics["config"]["stream"] == str(records)
+    assert "workers" not in metrics["config"]  # never changes the numbers
+    for k, v in state_dict(state.params, model=model).items():
+        np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
+
+
+def test_killed_mid_epoch_and_resumed_with_workers_is_bitwise_equal(tmp_path, monkeypatch):
+    # the conv net: BatchNorm's running statistics travel in the checkpoints too
+    records, ck = str(tmp_path / "records"), str(tmp_path / "ck")
+    assert cli.main(["train", *CNN, "--epochs", "2", "--stream", records, "--out", str(tmp_path / "whole")]) == 0
+    save = checkpoint.save
+
+    def save_then_die(directory, state, *, step, **kw):
+        save(directory, state, step=step, **kw)
+        if step == 16:  # step 5 of epoch 2, after the epoch-1 checkpoint (11)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save", save_then_die)
+    flags = [*CNN, "--epochs", "2", "--stream", records, "--checkpoint-dir", ck, "--checkpoint-every", "4"]
+    status, _, err = run_main(["train", *flags, "--out", str(tmp_path / "killed")])
+    assert status == 130 and "the last good checkpoint (step 16)" in err, err
+    monkeypatch.setattr(checkpoint, "save", save)
+    assert checkpoint.latest_step(ck) == 16 and len(checkpoint.read_metadata(ck)["position"]["metrics"]["loss"][1]) == 5
+    # resumed with a worker process reading the records: the same batches
+    made = []
+
+    class Counted(loader.Loader):
+        def __init__(self, *args, **kwargs):
+            made.append(kwargs["workers"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "Loader", Counted)
+    assert cli.main(["train", *flags, "--resume", "--workers", "1", "--out", str(tmp_path / "resumed")]) == 0
+    assert made == [1]
+    (whole, whole_text), (resumed, resumed_text) = _outputs(tmp_path / "whole"), _outputs(tmp_path / "resumed")
+    assert list(resumed.files) == list(whole.files) and "bn1.running_mean" in whole.files
+    for k in whole.files:
+        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
+    assert resumed_text.replace(ck.encode(), b"") == whole_text  # metrics.json: the same bytes
+
+
+def test_resume_after_the_records_changed_is_refused(tmp_path):
+    records, ck = tmp_path / "records", str(tmp_path / "ck")
+    flags = ["train", *TINY, "--stream", str(records), "--checkpoint-dir", ck]
+    assert run_main([*flags, "--epochs", "1", "--out", str(tmp_path / "a")])[0] == 0
+    (x, y), _ = data.load("digits")
+    for f in records.iterdir():
+        f.unlink()
+    loader.write_records(records, x, np.roll(y, 1))  # same count, shape and file sizes; other labels
+    status, _, err = run_main([*flags, "--epochs", "2", "--resume", "--out", str(tmp_path / "b")])
+    assert status == 2 and "--resume: the digits data changed since the run in" in err, err
+
+
+def test_a_non_finite_loss_exits_3_as_in_memory(tmp_path):
+    # Adam at lr 1e30: step 1 moves every weight by ~1e30, step 2's loss is NaN (as test_reliability's run)
+    records, ckpt = str(tmp_path / "records"), tmp_path / "ckpt"
+    status, _, err = run_main(["train", *TINY, "--epochs", "1", "--lr", "1e30", "--stream", records,
+                               "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1", "--out", str(tmp_path / "a")])
+    assert status == cli.EXIT_NONFINITE == 3
+    assert err.startswith("funcnet train: error: the loss is not finite at step 2 (epoch 1): loss = nan; ")
+    assert err.rstrip().endswith(f"the last good checkpoint (step 1) in {ckpt} is kept")
+    assert checkpoint.all_steps(ckpt) == [1] and not (tmp_path / "a").exists()
+    status, _, err = run_main(["train", *TINY, "--epochs", "1", "--lr", "1e30", "--stream", records,
+                               "--out", str(tmp_path / "b")])
+    assert status == 3 and err.startswith("funcnet train: error: the loss is not finite in epoch 1 (step 11): "
+                                          "train_loss = nan"), err
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    (root / "file").write_text("not a folder\n")
+    (root / "foreign").mkdir()
+    (root / "foreign" / "notes.txt").write_text("the user's own file\n")
+    rng = np.random.default_rng(0)
+    loader.write_records(root / "small", rng.random((100, 1, 6, 6), dtype=np.float32), rng.integers(0, 10, 100))
+    (x, y), _ = data.load("digits")
+    loader.write_records(root / "few", x[:100], y[:100])
+    return {k: str(root / k) for k in ("file", "foreign", "small", "few", "out")} | {"root": str(root)}
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--workers", "2"], "--workers 2 sets the processes that read --stream's records; pass --stream DIR to train "
+                         "from records on disk, or leave --workers out"),
+    (["--workers", "-1"], "argument --workers: expected an integer >= 0, got -1"),
+    (["--stream", "{root}/new", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
+    (["--stream", "{root}/new", "--parallel", "pmap"], "--parallel pmap is not supported with --stream yet"),
+    (["--stream", "{root}/new", "--model", "gpt"],
+     "--model gpt trains on --dataset text in memory: leave --stream out"),
+    (["--stream", ""], "--stream is empty"),
+    (["--stream", "{file}"], "--stream {file} is a file"),
+    (["--stream", "{foreign}"], "--stream {foreign} holds files but no records.json"),
+    (["--stream", "{out}/data", "--out", "{out}"], "--stream {out}/data is inside --out {out}"),
+    (["--stream", "{small}"], "--stream {small} holds examples of shape (1, 6, 6) (36 features) but the test split "
+                              "of --dataset digits has 64"),
+    (["--stream", "{few}", "--batch-size", "128"], "--batch-size 128 is larger than the 100 training examples of "
+                                                   "--stream {few}; use --batch-size <= 100"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_flags_that_do_not_fit_are_one_line(folders, flags, fragment, tmp_path):
+    argv = ["train", "--quiet", "--out", str(tmp_path / "o"), *[f.format(**folders) for f in flags]]
+    status, out, err = run_main(argv)
+    assert status == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("funcnet train: error: ") and fragment.format(**folders) in err, err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_ctrl_c_with_workers_is_one_line_from_the_main_process(tmp_path):
+    # Ctrl-C in a terminal signals the whole process group, worker processes included
+    records, ckpt = tmp_path / "records", tmp_path / "ckpt"
+    loader.write_records(records, *data.load("digits")[0])
+    proc = subprocess.Popen([sys.executable, "-m", "funcnet.cli", "train", *TINY, "--epochs", "1000", "--stream",
+                             str(records), "--workers", "1", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "5",
+                             "--out", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while checkpoint.latest_step(ckpt) is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until batches flow from the workers
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    # multiprocessing's resource tracker may add a warning about shared memory it then frees
+    lines = [line for line in err.splitlines() if "resource_tracker" not in line and "warnings.warn(" not in line]
+    assert proc.returncode == 130 and len(lines) == 1, err
+    assert lines[0].startswith("funcnet train: interrupted; the last good checkpoint (step ")
