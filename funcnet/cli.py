@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3)")
     g.add_argument("--n-head", type=_positive_int, default=None, help="attention heads (default 4)")
     g.add_argument("--n-embd", type=_positive_int, default=None, help="embedding width (default 96)")
+    g.add_argument("--remat", choices=["paper", "selective", "full"], default=None,
+                   help="activation checkpointing: run the blocks in a lax.scan under jax.checkpoint, keeping the "
+                        "paper's tensors, those without the softmax output, or each block's input only (same "
+                        "results, less memory; default: no remat)")
     g.add_argument("--sample-chars", type=_positive_int, default=None,
                    help="characters sampled (greedy) after training, printed and kept in metrics.json "
                         "(default 200)")
@@ -366,7 +370,8 @@ def _build_model(args, n_features: int, n_classes: int):
     if args.model == "gpt":
         if args.hidden is not None:
             raise UsageError("--hidden sets the MLP's layers; --model gpt takes --n-layer, --n-head, --n-embd")
-        model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+        model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                          remat=args.remat)
         return model, model.name
     if args.model == "mlp":
         args.hidden = args.hidden or [128]
@@ -641,7 +646,7 @@ def _parallel_flags(args) -> None:
         raise UsageError(str(e)) from None
 
 
-_GPT_FLAGS = {"block_size": 64, "n_layer": 3, "n_head": 4, "n_embd": 96, "sample_chars": 200}
+_GPT_FLAGS = {"block_size": 64, "n_layer": 3, "n_head": 4, "n_embd": 96, "sample_chars": 200, "remat": None}
 
 
 def _check_model_flags(args) -> None:

@@ -258,10 +258,10 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
 
 
 def build(vocab_size: int, block_size: int = 64, *, n_layer: int = 3, n_head: int = 4, n_embd: int = 96,
-          dropout: float = 0.0, bias: bool = True, dtype=jnp.float32) -> nn.Module:
+          dropout: float = 0.0, bias: bool = True, dtype=jnp.float32, remat=None) -> nn.Module:
     """``GPT(GPTConfig(...))`` with the defaults ``examples/gpt_text.py`` trains on 2 CPU cores
     (3 layers, 4 heads, n_embd 96, block 64: 0.35M parameters): what a command line builds."""
-    return GPT(GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias), dtype=dtype)
+    return GPT(GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, dropout, bias), dtype=dtype, remat=remat)
 
 
 def num_params(params, non_embedding: bool = True) -> int:

@@ -79,10 +79,34 @@ def test_gpt_trains_on_the_bundled_text_with_checkpoints_in_bf16(tmp_path):
     assert len(metrics["sample"]) == 1 + 20 and metrics["model"].startswith("GPT(")
 
 
+@pytest.mark.slow
+def test_gpt_remat_trains_to_the_same_params(tmp_path):
+    # --remat changes what the backward keeps, not what it computes: the oracle is the plain run
+    tiny = [*TINY_GPT, "--n-layer", "2", "--epochs", "1"]
+    assert cli.main(["train", *tiny, "--out", str(tmp_path / "plain")]) == 0
+    assert cli.main(["train", *tiny, "--remat", "full", "--out", str(tmp_path / "remat")]) == 0
+    plain, remat = np.load(tmp_path / "plain" / "params.npz"), np.load(tmp_path / "remat" / "params.npz")
+    assert plain.files == remat.files
+    # float32: the scan's body compiles apart from the loop, so gradients differ by an ulp here and
+    # there. The key's bias (c_attn.bias[C:2C]) is left out: it adds q.b_k to a whole row of scores,
+    # which the softmax cancels, so its true gradient is 0 and Adam turns the rounding noise of
+    # both runs into lr-sized steps (seen: 7e-4 apart, every other entry within 6e-6).
+    C = 16
+    for k in plain.files:
+        a, b = remat[k], plain[k]
+        if k.endswith("attn.c_attn.bias"):
+            a, b = np.delete(a, np.s_[C:2 * C]), np.delete(b, np.s_[C:2 * C])
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5, err_msg=k)
+    ours, theirs = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("remat", "plain"))
+    assert "remat=full" in ours["model"] and "remat" not in theirs["model"]
+    assert ours["final"]["test_loss"] == pytest.approx(theirs["final"]["test_loss"], rel=1e-4)
+
+
 def test_gpt_flags_that_do_not_fit_are_refused(tmp_path, capsys):
     cases = [(["--model", "gpt", "--dataset", "digits"], "--model gpt does not train on --dataset digits"),
              (["--dataset", "text"], "--model mlp does not train on --dataset text"),
              (["--n-layer", "2"], "--n-layer set the GPT; --model mlp has no such setting"),
+             (["--remat", "full"], "--remat set the GPT; --model mlp has no such setting"),
              (["--model", "gpt", "--n-embd", "30", "--n-head", "4"], "--n-embd 30 does not split over --n-head 4"),
              (["--model", "gpt", "--hidden", "64"], "--hidden sets the MLP's layers")]
     for i, (flags, message) in enumerate(cases):
