@@ -59,6 +59,12 @@ CLI_CASES = [
      "{libckpt}/step_00000003.ckpt was not written by funcnet train"),
     (["--hidden", "300000", "300000"], "--hidden 300000 300000 needs about 1.44e+03 GB for one training step"),
     (["--lr", "1e30", "--epochs", "1"], "the loss is not finite in epoch 1 (step 44): train_loss = nan", 3),
+    # issue 14: streaming from disk
+    (["--workers", "2"], "--workers 2 sets the processes that read --stream's records; pass --stream DIR"),
+    (["--stream", "{file}"], "--stream {file} is a file; pass a folder of records"),
+    (["--stream", "{empty}/s", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
+    (["--stream", "{empty}/s", "--model", "gpt"], "--model gpt trains on --dataset text in memory"),
+    (["--remat", "full"], "--remat set the GPT; --model mlp has no such setting"),
 ]
 RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
 
@@ -213,7 +219,7 @@ def _library_cases(ctx):
         ("checkpoint.save(dir, old_state, step=1) after step(old_state, batch) donated it", lambda: _save_donated(ctx)),
         # issue 13
         ("train.fit((torch.tensor(x), torch.tensor(y)), ...)", lambda: fit((_torch().tensor(x), _torch().tensor(y)))),
-        ("train.fit((x, y), x_test) (test_data not a pair)", lambda: fit((x, y), x[:10])),
+        ("train.fit((x, y), x_test) (test_data not a pair)", lambda: fit((x, y), test_data=x[:10])),
         ("train.fit(..., tx=optax.adam) (not called)", lambda: train.fit(model, optax.adam, (x, y), epochs=1,
                                                                           batch_size=32, key=jax.random.key(0))),
         ("train.fit(..., tx='adam')", lambda: train.fit(model, "adam", (x, y), epochs=1, batch_size=32,
