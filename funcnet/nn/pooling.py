@@ -4,12 +4,15 @@ Inputs are channels-first, batched ``(N, C, *spatial)`` or unbatched ``(C, *spat
 window slides over the trailing spatial axes only. Output sizes follow torch's
 ``pooling_output_shape``: ``(L + 2*padding - dilation*(k-1) - 1) / stride + 1`` rounded down,
 or up with ``ceil_mode=True``, where a last window that would start in the right padding is
-dropped. Max and sum windows are one ``jax.lax.reduce_window``; the divisors of AvgPool and
-the bins of AdaptiveAvgPool depend only on shapes and are computed with numpy at trace time.
+dropped. Sum windows are one ``jax.lax.reduce_window``; max windows are torch's search loop
+run over every window at once, one tap at a time (elementwise, with a gradient that is a
+select rather than XLA's select-and-scatter); the divisors of AvgPool and the bins of
+AdaptiveAvgPool depend only on shapes and are computed with numpy at trace time.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import jax
@@ -72,18 +75,80 @@ def _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name, init, op)
     return y[(...,) + tuple(slice(0, o) for o in out)], out
 
 
-def _dilated_max(x, n, kernel, stride, padding, dilation, ceil_mode, name, lowest):
-    """Max pooling with dilation > 1, whose reduce_window JAX cannot differentiate: stack the
-    kernel's strided slices and take the first maximum of each window (torch's tie rule)."""
-    out, pads = _geometry(x.shape[-n:], kernel, stride, padding, dilation, ceil_mode, name)
-    lead = x.ndim - n
-    x = jnp.pad(x, [(0, 0)] * lead + pads, constant_values=lowest)
-    taps = [x[(...,) + tuple(slice(i * d, i * d + (o - 1) * s + 1, s)
+def _first_valid(sizes, kernel, stride, padding, dilation, out) -> np.ndarray:
+    """Per output position, the row-major index of the window's first tap inside the input:
+    where torch's loop starts its search (its ``maxindex`` before any comparison)."""
+    first, k_after = np.zeros((), np.int64), 1
+    for L, k, s, p, d, o in reversed(list(zip(sizes, kernel, stride, padding, dilation, out))):
+        start = np.arange(o) * s - p
+        tap = np.clip(-(start // d), 0, k - 1)  # ceil(-start / d): the first tap at a position >= 0
+        first = np.add.outer(tap * k_after, first)
+        k_after *= k
+    return first
+
+
+def _taps(x, n, kernel, stride, dilation, out):
+    """The window's taps of ``x`` (already padded), row-major over the kernel: each a strided
+    slice of shape ``(..., *out)``."""
+    return [x[(...,) + tuple(slice(i * d, i * d + (o - 1) * s + 1, s)
                              for i, d, o, s in zip(offset, dilation, out, stride))]
             for offset in itertools.product(*(range(k) for k in kernel))]
-    taps = jnp.stack(taps, axis=lead)
-    first = jnp.argmax(taps, axis=lead, keepdims=True)
-    return jnp.take_along_axis(taps, first, axis=lead).squeeze(lead)
+
+
+def _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name):
+    out, pads = _geometry(x.shape[-n:], kernel, stride, padding, dilation, ceil_mode, name)
+    pads = [(0, 0)] * (x.ndim - n) + pads
+    blocked = tuple(stride) == tuple(kernel) and all(d == 1 for d in dilation)
+    return out, pads, blocked
+
+
+def _max_and_argmax(x, n, kernel, stride, padding, dilation, ceil_mode, name):
+    """torch's max-pool loop, one tap at a time over every window at once: a tap replaces the
+    running max when it is greater or NaN, so each window keeps its first maximum (its last NaN),
+    and the index of the tap that won (row-major in the window)."""
+    out, pads, _ = _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+    lowest = np.array(-np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min, x.dtype)
+    taps = _taps(jnp.pad(x, pads, constant_values=lowest), n, kernel, stride, dilation, out)
+    index_dtype = jnp.int8 if len(taps) <= 127 else jnp.int32
+    best = jnp.full(taps[0].shape, lowest, x.dtype)
+    first = _first_valid(x.shape[-n:], kernel, stride, padding, dilation, out)
+    index = jnp.broadcast_to(jnp.asarray(first, index_dtype), best.shape)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    for k, tap in enumerate(taps):
+        wins = (tap > best) | jnp.isnan(tap) if floating else tap > best
+        best = jnp.where(wins, tap, best)
+        index = jnp.where(wins, jnp.asarray(k, index_dtype), index)
+    return best, index
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4, 5, 6, 7))
+def _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name):
+    return _max_and_argmax(x, n, kernel, stride, padding, dilation, ceil_mode, name)[0]
+
+
+@_max_windows.defjvp
+def _max_windows_jvp(n, kernel, stride, padding, dilation, ceil_mode, name, primals, tangents):
+    # The tangent of each window is the tangent of the tap that won. Written so that its
+    # transpose (the gradient) is cheap: for non-overlapping windows a reshape into
+    # (..., out, kernel) blocks and a select, no scatter (XLA:CPU's select-and-scatter, the
+    # gradient of reduce_window, is several times slower on small images).
+    (x,), (t,) = primals, tangents
+    y, index = _max_and_argmax(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+    out, pads, blocked = _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+    t = jnp.pad(t, pads)
+    lead = x.ndim - n
+    if blocked:
+        t = t[(...,) + tuple(slice(0, o * k) for o, k in zip(out, kernel))]
+        t = t.reshape(t.shape[:lead] + tuple(v for o, k in zip(out, kernel) for v in (o, k)))
+        code = np.arange(int(np.prod(kernel))).reshape(tuple(v for k in kernel for v in (1, k)))
+        chosen = jnp.expand_dims(index, tuple(lead + 2 * i + 1 for i in range(n))) == code.astype(index.dtype)
+        dt = jnp.sum(jnp.where(chosen, t, 0), axis=tuple(lead + 2 * i + 1 for i in range(n)))
+    else:
+        dt = None
+        for k, tap in enumerate(_taps(t, n, kernel, stride, dilation, out)):
+            term = jnp.where(index == k, tap, 0)
+            dt = term if dt is None else dt + term
+    return y, dt
 
 
 def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ceil_mode) -> Module:
@@ -102,12 +167,7 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
     def apply(params, x, *, key=None, train=False):
         del params, key, train
         x = _check_input(x, n, name)
-        lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-        if any(d > 1 for d in dilation):
-            return _dilated_max(x, n, kernel, stride, padding, dilation, ceil_mode, name, lowest)
-        y, _ = _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name,
-                        np.array(lowest, x.dtype), jax.lax.max)
-        return y
+        return _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
 
     return Module(_no_params, apply, name=name)
 
@@ -126,9 +186,8 @@ def MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices: b
     x: ``(N, C, H, W)`` or ``(C, H, W)`` -> ``(N, C, H_out, W_out)``, ``H_out =
     floor_or_ceil((H + 2*padding - dilation*(kH-1) - 1) / stride) + 1``. ``stride`` defaults to
     ``kernel_size``; padding (at most half the dilated kernel) is -inf, so it never wins.
-    The gradient goes to the first maximum of each window on ties, as torch's (with
-    ``dilation > 1``, whose reduce_window JAX cannot differentiate, the windows are gathered
-    tap by tap instead).
+    The gradient goes to the first maximum of each window on ties, as torch's (a NaN wins
+    its window, the last one if there are several, as in torch's loop).
     ``return_indices=True`` is refused.
     """
     return _max_pool(2, "MaxPool2d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
