@@ -13,6 +13,7 @@ float32. Running statistics keep their own dtype (float32 by default).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -56,6 +57,45 @@ def _affine(xhat, params, shape, cdt):
     if "bias" in params:
         xhat = xhat + params["bias"].astype(cdt).reshape(shape)
     return xhat
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
+def _normalize(h, weight, bias, axes, shape, eps):
+    """``((h - mean) / sqrt(var + eps) * weight + bias, mean, var)``: the mean and biased variance
+    over ``axes`` (two passes, as torch), ``weight``/``bias`` (or None) broadcast as ``shape``.
+
+    Differentiated by the closed form torch's norm kernels use rather than through the two
+    reductions: the tangent is ``weight * rstd * (dh - mean(dh) - xhat * mean(dh * xhat))``
+    (+ ``dweight * xhat + dbias``), whose transpose, the gradient, is one pass for
+    ``sum(g)`` and ``sum(g * xhat)`` and one elementwise pass, where autodiff of the
+    statistics gives more of both (XLA:CPU: the ConvNet's train step 1.04-1.05x faster; the
+    GPT's LayerNorm measured no faster this way, so LayerNorm keeps plain autodiff)."""
+    mean = jnp.mean(h, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(h - mean), axis=axes, keepdims=True)
+    y = (h - mean) * jax.lax.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.reshape(shape)
+    if bias is not None:
+        y = y + bias.reshape(shape)
+    return y, jnp.squeeze(mean, axes), jnp.squeeze(var, axes)
+
+
+@_normalize.defjvp
+def _normalize_jvp(axes, shape, eps, primals, tangents):
+    (h, weight, bias), (dh, dweight, dbias) = primals, tangents
+    y, mean, var = _normalize(h, weight, bias, axes, shape, eps)
+    rstd = jax.lax.rsqrt(jnp.expand_dims(var, axes) + eps)
+    xhat = (h - jnp.expand_dims(mean, axes)) * rstd
+    dmean = jnp.mean(dh, axis=axes, keepdims=True)
+    dcorr = jnp.mean(dh * xhat, axis=axes, keepdims=True)
+    scale = rstd if weight is None else rstd * weight.reshape(shape)
+    dy = scale * (dh - dmean - xhat * dcorr)
+    if weight is not None:
+        dy = dy + dweight.reshape(shape) * xhat
+    if bias is not None:
+        dy = dy + dbias.reshape(shape)
+    # d mean = mean(dh); d var = 2 mean((h - mean) dh) = 2 mean(xhat dh) / rstd
+    return (y, mean, var), (dy, jnp.squeeze(dmean, axes), jnp.squeeze(2 * dcorr / rstd, axes))
 
 
 def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
@@ -216,23 +256,22 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
                              f"with num_features={got}")
         return x
 
-    def statistics(h, axes, train):
-        """Biased batch mean and variance per channel, and the element count behind them."""
-        n = math.prod(h.shape[a] for a in axes)
-        mean = jnp.mean(h, axis=axes)
+    def global_batch(train):
+        """The size of the axis_name axis when train-mode statistics span it (SyncBatchNorm), else None."""
         size = _axis_size(axis_name) if train else None
         if axis_name is not None and train and size is None and not sync_fallback:
             raise NameError(f"{name}: axis_name={axis_name!r} is not bound here; call the model inside "
                             f"jax.pmap/shard_map over that axis (make_step(axis_name=...)) or build the layer "
                             f"with axis_name=None")
-        if size is None:
-            return mean, jnp.mean(jnp.square(h - jnp.expand_dims(mean, axes)), axis=axes), n
+        return size
+
+    def global_statistics(h, axes):
         # SyncBatchNorm: the global batch's statistics. Equal shards, so the global mean is the
         # mean of the shard means; the variance is taken about that global mean (two passes, no
         # E[x^2] - E[x]^2 cancellation).
-        mean = jax.lax.pmean(mean, axis_name)
+        mean = jax.lax.pmean(jnp.mean(h, axis=axes), axis_name)
         var = jax.lax.pmean(jnp.mean(jnp.square(h - jnp.expand_dims(mean, axes)), axis=axes), axis_name)
-        return mean, var, n * size
+        return mean, var
 
     def apply(params, x, *, state=None, key=None, train=False):
         del key
@@ -244,15 +283,24 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
         h = x.astype(cdt)
         axes = (0,) + tuple(range(2, x.ndim))
         bshape = (C,) + (1,) * (x.ndim - 2)
+        y = None
         if train or not track_running_stats:
-            if train and math.prod(x.shape[a] for a in axes) <= 1:
+            n = math.prod(x.shape[a] for a in axes)
+            if train and n <= 1:
                 raise ValueError(f"{name}: expected more than 1 value per channel when training, got input of "
                                  f"shape {tuple(x.shape)}; use a batch of at least 2 (or eval mode, train=False)")
-            mean, var, n = statistics(h, axes, train)
+            size = global_batch(train)
+            if size is None:  # biased batch mean and variance per channel, n elements behind them
+                y, mean, var = _normalize(h, *(params[k].astype(cdt) if k in params else None
+                                               for k in ("weight", "bias")), axes, bshape, eps)
+            else:
+                (mean, var), n = global_statistics(h, axes), n * size
         else:
             mean, var = state["running_mean"].astype(cdt), state["running_var"].astype(cdt)
-        y = (h - mean.reshape(bshape)) * jax.lax.rsqrt(var.reshape(bshape) + eps)
-        y = _affine(y, params, bshape, cdt).astype(x.dtype)
+        if y is None:
+            y = (h - mean.reshape(bshape)) * jax.lax.rsqrt(var.reshape(bshape) + eps)
+            y = _affine(y, params, bshape, cdt)
+        y = y.astype(x.dtype)
         if not track_running_stats:
             return y
         if not train:
