@@ -74,6 +74,32 @@ def test_max_pool_gradient_on_ties_goes_to_the_first_maximum(args, kwargs):
     check_layer(nn.MaxPool2d(*args, **kwargs), torch.nn.MaxPool2d(*args, **kwargs), [x])
 
 
+@pytest.mark.parametrize("args,kwargs", [((2,), {}), ((3, 2, 1), {}), ((3, 1, 1), dict(dilation=2, ceil_mode=True))],
+                         ids=["2x2", "overlapping-padded", "dilated-ceil"])
+def test_max_pool_with_nan_and_minus_inf_equals_torch(args, kwargs):
+    # torch's loop: a NaN wins its window (the last NaN when there are several) and takes the
+    # gradient; -inf beside padding is still a real maximum (padding never wins)
+    rng = np.random.default_rng(1)
+    x = np.round(rng.standard_normal((2, 2, 7, 6)))
+    flat = x.reshape(-1)
+    flat[rng.choice(flat.size, 6, replace=False)] = np.nan
+    flat[rng.choice(flat.size, 10, replace=False)] = -np.inf
+    x[0, 0, :3, :3] = -np.inf  # a whole corner of -inf, next to the padding
+    x[1, 1, 2:4, 2:4] = np.nan  # several NaNs in one window
+    ours, theirs = nn.MaxPool2d(*args, **kwargs), torch.nn.MaxPool2d(*args, **kwargs)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = theirs(xt)
+    cot = rng.standard_normal(tuple(yt.shape))
+    yt.backward(torch.tensor(cot))
+    with jax.enable_x64(True):
+        y, vjp = jax.vjp(lambda v: ours.apply({}, v), jnp.asarray(x))
+        (g,) = vjp(jnp.asarray(cot))
+    np.testing.assert_array_equal(np.asarray(y), yt.detach().numpy())  # NaN where torch has NaN, -inf too
+    np.testing.assert_array_equal(np.asarray(g), xt.grad.numpy())
+    out = yt.detach().numpy()  # the cases are exercised: NaN outputs, and an all -inf window beside the padding
+    assert np.isnan(out).any() and (np.isneginf(out).any() or "dilation" in kwargs)
+
+
 def test_adaptive_bins_are_torchs_closed_form():
     # an oracle apart from torch: output i is the mean of x[floor(i*L/o) : ceil((i+1)*L/o)]
     x = np.arange(7.0) ** 2
