@@ -95,6 +95,44 @@ def test_layer_equals_torch(ours, theirs, shape, train, dtype):
         _run(ours, theirs, shape, train, dtype)
 
 
+def test_batchnorm_train_derivatives_equal_autodiff_of_the_plain_formula():
+    # BatchNorm in train mode has a hand-written derivative rule (torch's closed form, behind
+    # jax.custom_jvp): forward mode, reverse mode and second order must equal jax's autodiff of
+    # the plain formula, written here apart from the layer (float64)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(3)
+        x = jnp.asarray(rng.standard_normal((4, 3, 5, 2)) * 2 + 1)
+        params = {"weight": jnp.asarray(rng.standard_normal(3)), "bias": jnp.asarray(rng.standard_normal(3))}
+        bn = nn.BatchNorm2d(3, dtype=jnp.float64)
+        state = bn.init_state()
+
+        def ours(p, x):
+            return bn.apply(p, x, state=state, train=True)[0]
+
+        def plain(p, x):
+            mean = x.mean(axis=(0, 2, 3), keepdims=True)
+            var = ((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True)
+            return (x - mean) / jnp.sqrt(var + 1e-5) * p["weight"][:, None, None] + p["bias"][:, None, None]
+
+        tx = jax.tree.map(lambda a: jnp.asarray(rng.standard_normal(a.shape)), (params, x))
+        for f in (ours, plain):  # the oracle itself is right: it matches finite differences
+            _, tan = jax.jvp(f, (params, x), tx)
+            fd = (f(*jax.tree.map(lambda a, t: a + 1e-6 * t, (params, x), tx))
+                  - f(*jax.tree.map(lambda a, t: a - 1e-6 * t, (params, x), tx))) / 2e-6
+            np.testing.assert_allclose(tan, fd, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(jax.jvp(ours, (params, x), tx)[1], jax.jvp(plain, (params, x), tx)[1],
+                                   rtol=1e-12, atol=1e-12)
+        cot = jnp.asarray(rng.standard_normal(x.shape))
+        for got, want in zip(jax.tree.leaves(jax.vjp(ours, params, x)[1](cot)),
+                             jax.tree.leaves(jax.vjp(plain, params, x)[1](cot))):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        # second order: the gradient of a scalar of the input gradient
+        def second(f):
+            return jax.grad(lambda x: jnp.sum(jnp.sin(jax.grad(lambda x: jnp.sum(f(params, x) * cot))(x))))(x)
+
+        np.testing.assert_allclose(second(ours), second(plain), rtol=1e-10, atol=1e-10)
+
+
 def test_batchnorm_state_is_torchs_buffers():
     bn = nn.BatchNorm2d(3)
     state = bn.init_state()
