@@ -163,7 +163,7 @@ def main(argv=None) -> int:
 
     if args.single_thread:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+                                   + " --xla_cpu_multi_thread_eigen=false")
         torch.set_num_threads(1)
     from rich.console import Console
     from rich.table import Table

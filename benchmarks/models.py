@@ -206,8 +206,11 @@ def bench_model(spec, impls, repeat, peaks, log):
             got = runners[name][1]
             diff = None if ref is None else max(
                 float(np.max(np.abs(got[k].astype(np.float64) - ref[k]))) for k in ref if k in got)
+            # what one example is made of: a GPT example is a block of tokens, a conv net's an image
+            per_example, unit = (spec.x.shape[1], "tokens") if spec.name == "gpt" else (1, "images")
             row.update(seconds_per_epoch=sec, seconds_all=times[name], ms_per_step=sec / steps * 1e3,
-                       flops_per_step=flops, max_diff_vs_torch_eager=diff)
+                       flops_per_step=flops, max_diff_vs_torch_eager=diff, unit=unit,
+                       per_second=spec.batch * per_example * steps / sec)
             if flops:
                 row["gflops"] = flops * steps / sec / 1e9
             for other, key in (("torch eager", "vs_torch_eager"), ("torch.compile", "vs_torch_compile")):
@@ -256,7 +259,7 @@ def main(argv=None) -> int:
     if args.single_thread:
         # read when XLA's CPU client starts, at the first computation below
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+                                   + " --xla_cpu_multi_thread_eigen=false")
         torch.set_num_threads(1)
     console = Console(width=max(Console().width, 150))
     load_before = os.getloadavg()
@@ -277,13 +280,13 @@ def main(argv=None) -> int:
                         f"{peak / 1e9:.1f} GFLOP/s (best of {len(peaks)}, median {statistics.median(peaks) / 1e9:.1f}); "
                         f"torch {torch.__version__}, {torch.get_num_threads()} threads; jax {jax.__version__}; "
                         f"load average {load_before[0]:.1f} -> {load_after[0]:.1f}")
-    for col in ("model", "impl", "batch", "ms/step", "x torch eager", "x torch.compile", "GFLOP/s", "% of peak",
-                "max |diff| vs torch", "error"):
+    for col in ("model", "impl", "batch", "ms/step", "per second", "x torch eager", "x torch.compile", "GFLOP/s",
+                "% of peak", "max |diff| vs torch", "error"):
         table.add_column(col, justify="left" if col in ("model", "impl", "error") else "right", overflow="fold")
     bad = []
     for r in rows:
         if r.get("seconds_per_epoch") is None:
-            table.add_row(r["model"], r["impl"], str(r["batch"]), *["-"] * 6, r["error"] or "")
+            table.add_row(r["model"], r["impl"], str(r["batch"]), *["-"] * 7, r["error"] or "")
             continue
         diff = "-" if r["max_diff_vs_torch_eager"] is None else f"{r['max_diff_vs_torch_eager']:.1e}"
         if r["max_diff_vs_torch_eager"] is not None and r["max_diff_vs_torch_eager"] > r["tolerance"]:
@@ -292,6 +295,7 @@ def main(argv=None) -> int:
             diff += " (bitwise = make_step)" if r["bitwise_equal_make_step"] else " (differs from make_step)"
         g = r.get("gflops")
         table.add_row(r["model"], r["impl"], str(r["batch"]), f"{r['ms_per_step']:.2f}",
+                      f"{r['per_second']:,.0f} {r['unit']}",
                       f"{r['vs_torch_eager']:.2f}" if "vs_torch_eager" in r else "-",
                       f"{r['vs_torch_compile']:.2f}" if "vs_torch_compile" in r else "-",
                       f"{g:.2f}" if g else "-", f"{g * 1e9 / peak:.1%}" if g else "-", diff, "")

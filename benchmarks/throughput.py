@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     if args.single_thread:
         # read when XLA's CPU client starts, at the first computation below
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+                                   + " --xla_cpu_multi_thread_eigen=false")
         torch.set_num_threads(1)
 
     console = Console(width=max(Console().width, 150))
