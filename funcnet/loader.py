@@ -335,7 +335,6 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
     ``fit``'s data parallelism is not built; train in memory with ``fit(devices=N)``).
     """
     import jax
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from funcnet import guards as _guards
     from funcnet import losses as _losses
@@ -358,7 +357,7 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
                          f"{loader.batch_size} into equal micro-batches, got {accum_steps!r}")
     _guards.check_tx(tx, "fit_stream")
     if test_data is not None:
-        x_te, y_te = _guards.check_pair(test_data, "test_data", "fit_stream")
+        x_te, y_te = test_data = _guards.check_pair(test_data, "test_data", "fit_stream")
         if check_finite:
             _guards.check_finite(x_te, "test_data x", "fit_stream")
             _guards.check_finite(y_te, "test_data y", "fit_stream")
@@ -384,11 +383,8 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
             parts.append(jax.tree.map(lambda *m: np.stack([np.asarray(v) for v in m]), *pending))
             pending.clear()
 
-    columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn()]
-    with Progress(*columns, disable=not progress, transient=False) as bar, \
+    with _train._EpochProgress(progress, epochs, done // per_epoch) as bar, \
             loader.batches(done, epochs * per_epoch) as batches:
-        task = bar.add_task("", total=epochs, completed=done // per_epoch)
         for s, batch in enumerate(batches, start=done):
             state, step_metrics = step_fn(state, batch)
             pending.append(step_metrics)
@@ -397,25 +393,12 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
                 flush()
                 epoch_metrics = jax.tree.map(lambda *p: np.concatenate(p), *parts)
                 parts.clear()
-                record = {"epoch": s // per_epoch, "step": s}
-                record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
-                               if k not in ("loss_scale", "grads_finite")})
-                if "grads_finite" in epoch_metrics:
-                    record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
-                                  loss_scale=float(state.loss_scale.loss_scale))
-                if test_data is not None:
-                    scores = _train.evaluate(model, state.params, x_te, y_te, state=state.model_state,
-                                             loss_fn=loss_fn, metrics=metrics)
-                    record.update({f"test_{k}": v for k, v in scores.items()})
-                if check_finite:
-                    _guards.check_finite_record(record, state.params)
+                record = _train._epoch_record(s // per_epoch, state, epoch_metrics, model, test_data, loss_fn=loss_fn,
+                                              metrics=metrics, check_finite=check_finite)
                 history.append(record)
                 if on_epoch is not None:
                     on_epoch(state, record)
-                desc = f"loss {record['train_loss']:.4f}"
-                if "test_accuracy" in record:
-                    desc += f"  test acc {record['test_accuracy']:.4f}"
-                bar.update(task, advance=1, description=desc)
+                bar.advance(record)
             elif every_steps is not None and on_steps is not None and s % every_steps == 0:
                 flush()
                 on_steps(state, jax.tree.map(lambda *p: np.concatenate(p), *parts))

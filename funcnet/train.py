@@ -484,6 +484,52 @@ def _check_label_range(model, params, model_state, *datasets) -> None:
                              f"labels must be class indices in [0, {n_classes - 1}] (or widen the last layer)")
 
 
+def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Module, test_data=None, *,
+                 loss_fn=_losses.cross_entropy, metrics: Callable = default_metrics, check_finite: bool = True) -> dict:
+    """The history record of epoch ``epoch`` (1-based) that ``fit`` and ``loader.fit_stream`` return:
+    ``epoch``, ``step``, ``train_<metric>`` as the mean of the per-step metrics, ``skipped_steps``
+    and the last ``loss_scale`` with a loss scale, ``test_<metric>`` from ``evaluate`` on
+    ``test_data``. With ``check_finite``, a non-finite loss or parameter raises
+    ``guards.NonFiniteLossError`` here, before any ``on_epoch`` callback sees the record."""
+    record = {"epoch": epoch, "step": int(state.step)}
+    record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
+                   if k not in ("loss_scale", "grads_finite")})
+    if "grads_finite" in epoch_metrics:
+        record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
+                      loss_scale=float(state.loss_scale.loss_scale))
+    if test_data is not None:
+        scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn, metrics=metrics)
+        record.update({f"test_{k}": v for k, v in scores.items()})
+    if check_finite:
+        _guards.check_finite_record(record, state.params)
+    return record
+
+
+class _EpochProgress:
+    """``fit``'s progress bar, one tick per epoch, described by the last record's loss and test
+    accuracy: ``with _EpochProgress(show, epochs, done) as bar: ... bar.advance(record)``."""
+
+    def __init__(self, show: bool, epochs: int, done: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
+                             TimeElapsedColumn(), disable=not show, transient=False)
+        self._task = self._bar.add_task("", total=epochs, completed=done)
+
+    def __enter__(self):
+        self._bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)
+
+    def advance(self, record: dict) -> None:
+        desc = f"loss {record['train_loss']:.4f}"
+        if "test_accuracy" in record:
+            desc += f"  test acc {record['test_accuracy']:.4f}"
+        self._bar.update(self._task, advance=1, description=desc)
+
+
 def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=None, *,
         epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
         accum_steps: int = 1, state: TrainState | None = None, progress: bool = True,
@@ -513,8 +559,6 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     non-finite epoch loss or parameter raises ``guards.NonFiniteLossError`` naming the epoch,
     before ``on_epoch`` sees the record (so a checkpoint callback keeps the last good state).
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
     if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
@@ -549,10 +593,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     _check_label_range(model, state.params, state.model_state, train_data, test_data)
     state = put(state)
     history = []
-    columns = [TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
-               TimeElapsedColumn()]
-    with Progress(*columns, disable=not progress, transient=False) as bar:
-        task = bar.add_task("", total=epochs, completed=start.epoch)
+    with _EpochProgress(progress, epochs, start.epoch) as bar:
         for epoch in range(start.epoch, epochs):
             if every_steps is None and start.perm_key is None and dp is None:
                 state, epoch_metrics = run_epoch(step, state, x_dev, y_dev, batch_size=batch_size)
@@ -561,23 +602,10 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
                                                            every_steps, on_steps, get, put)
             start = Position(epoch + 1)
             local = get(state)
-            record = {"epoch": epoch + 1, "step": int(local.step)}
-            record.update({f"train_{k}": float(np.mean(v)) for k, v in epoch_metrics.items()
-                           if k not in ("loss_scale", "grads_finite")})
-            if "grads_finite" in epoch_metrics:
-                record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
-                              loss_scale=float(local.loss_scale.loss_scale))
-            if test_data is not None:
-                scores = evaluate(model, local.params, *test_data, state=local.model_state, loss_fn=loss_fn,
-                                  metrics=metrics)
-                record.update({f"test_{k}": v for k, v in scores.items()})
-            if check_finite:
-                _guards.check_finite_record(record, local.params)
+            record = _epoch_record(epoch + 1, local, epoch_metrics, model, test_data, loss_fn=loss_fn,
+                                  metrics=metrics, check_finite=check_finite)
             history.append(record)
             if on_epoch is not None:
                 on_epoch(local, record)
-            desc = f"loss {record['train_loss']:.4f}"
-            if "test_accuracy" in record:
-                desc += f"  test acc {record['test_accuracy']:.4f}"
-            bar.update(task, advance=1, description=desc)
+            bar.advance(record)
     return get(state), history
