@@ -73,15 +73,11 @@ def gpt_loss(config, run_blocks):
     """loss(params, idx, targets) of ``funcnet.gpt.GPT`` with its blocks run by
     ``run_blocks(block, [params of each block], x)``. Same params tree as the GPT, so
     ``jax.grad`` gives the GPT's grads."""
-    top = dict(dict(gpt.GPT(config).children)["transformer"].children)
     block = gpt.Block(config)
+    around = gpt.loss_around_blocks(config, lambda layers, x: run_blocks(block, layers, x))
 
     def loss(params, idx, targets):
-        t = params["transformer"]
-        x = top["wte"].apply(t["wte"], idx) + top["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
-        x = run_blocks(block, [t["h"][str(i)] for i in range(config.n_layer)], x)
-        logits = top["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T  # the tied LM head
-        return losses.cross_entropy(logits, targets)
+        return around(params, [params["transformer"]["h"][str(i)] for i in range(config.n_layer)], idx, targets)
 
     return loss
 

@@ -34,7 +34,7 @@ from funcnet import nn
 
 __all__ = ["GPTConfig", "GPT", "build", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
            "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params", "ACTIVATIONS",
-           "REMAT", "remat_policy", "stack_blocks", "scan_blocks", "measure_activations"]
+           "REMAT", "remat_policy", "stack_blocks", "scan_blocks", "loss_around_blocks", "measure_activations"]
 
 
 class GPTConfig(NamedTuple):
@@ -299,6 +299,25 @@ def scan_blocks(config: GPTConfig, stacked, x, *, remat=None, keys=None, train: 
     return jax.lax.scan(body, x, (stacked, bits))[0]
 
 
+def loss_around_blocks(config: GPTConfig, run_blocks, *, dtype=jnp.float32):
+    """``loss(params, blocks, idx, targets)``: the GPT's cross entropy with its blocks run by
+    ``run_blocks(blocks, x)`` instead of its own loop; the embeddings, final LayerNorm and tied
+    head read ``params`` (its ``transformer.h`` entry is not read, so it may be left out).
+    For measuring or rearranging the blocks alone (stacked for a scan, each under remat)."""
+    from funcnet import losses
+
+    top = dict(dict(GPT(config, dtype=dtype).children)["transformer"].children)
+
+    def loss(params, blocks, idx, targets):
+        t = params["transformer"]
+        x = top["wte"].apply(t["wte"], idx) + top["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
+        x = run_blocks(blocks, x)
+        logits = top["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T  # the tied LM head
+        return losses.cross_entropy(logits, targets)
+
+    return loss
+
+
 def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2, 4), dtype=jnp.float32) -> dict:
     """What XLA keeps per block for the backward, measured: the temps of the compiled
     ``value_and_grad`` of the GPT's loss, with the blocks' params passed stacked (as
@@ -310,7 +329,7 @@ def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2,
     Compare ``memory.transformer_activations(1, ..., recompute=...)``: ``remat="paper"`` with
     ``recompute="none"``, ``"selective"`` with ``"selective"``, ``"full"`` with ``"full"``.
     """
-    from funcnet import losses, memory
+    from funcnet import memory
 
     lo, hi = layers
     if not (isinstance(lo, int) and isinstance(hi, int) and 2 <= lo < hi):
@@ -324,17 +343,10 @@ def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2,
         top = params["transformer"]
         rest = {**params, "transformer": {k: v for k, v in top.items() if k != "h"}}
         stacked = jax.eval_shape(stack_blocks, top["h"])
-        children = dict(dict(model.children)["transformer"].children)
-
-        def loss(rest, stacked, idx, cfg=cfg, children=children):
-            t = rest["transformer"]
-            x = children["wte"].apply(t["wte"], idx) + children["wpe"].apply(t["wpe"], jnp.arange(idx.shape[1]))
-            x = scan_blocks(cfg, stacked, x, remat=remat, dtype=dtype)
-            logits = children["ln_f"].apply(t["ln_f"], x) @ t["wte"]["weight"].T  # the tied LM head
-            return losses.cross_entropy(logits, idx)
+        loss = loss_around_blocks(cfg, functools.partial(scan_blocks, cfg, remat=remat, dtype=dtype), dtype=dtype)
 
         idx = jax.ShapeDtypeStruct((batch, config.block_size), jnp.int32)
-        temps[n_layer] = memory.measure(jax.value_and_grad(loss, argnums=(0, 1)), rest, stacked, idx).temps
+        temps[n_layer] = memory.measure(jax.value_and_grad(loss, argnums=(0, 1)), rest, stacked, idx, idx).temps
     return {"per_layer": (temps[hi] - temps[lo]) / (hi - lo), "temps": temps}
 
 
