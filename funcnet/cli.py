@@ -794,18 +794,19 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
         template = train.create_train_state(model, tx, jax.random.key(0), loss_scale=loss_scale)
         state = checkpoint.restore(directory, template, newest)
         pos, done = meta["position"], meta["history"]
-        if steps_per_epoch is not None:  # --stream: the position is state.step
-            partial = None
-            if "metrics" in pos:  # a checkpoint taken inside an epoch
-                partial = {k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()}
-            reached, resumed = pos["epoch"] + (partial is not None), {"partial_metrics": partial}
+        partial = None  # the epoch's per-step metrics so far, when the checkpoint was taken inside an epoch
+        if "metrics" in pos:
+            partial = {k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()}
+        reached = pos["epoch"] + (partial is not None)
+        if steps_per_epoch is not None:  # --stream: the rest of the position is state.step
+            resumed = {"partial_metrics": partial}
         else:
             start = train.Position(pos["epoch"])
-            if "perm_key" in pos:  # a checkpoint taken inside an epoch
+            if partial is not None:  # in-memory: the epoch's shuffle key too
                 start = start._replace(
                     perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
-                    metrics={k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()})
-            reached, resumed = start.epoch + (start.perm_key is not None), {"start": start}
+                    metrics=partial)
+            resumed = {"start": start}
         if reached > args.epochs:
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
                              f"{args.epochs}; pass --epochs {reached} or more")
