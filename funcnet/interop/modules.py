@@ -48,7 +48,7 @@ def _layer(module, path: str, base, row: _Row, problems: list) -> Module | None:
     torch_sig = inspect.signature(base.__init__)
     ours_sig = inspect.signature(factory)
     try:
-        values = row.args(module) if row.args else {}
+        values = row.args(module, lambda child, sub, found: _build(child, sub, _registry(), found)) if row.args else {}
     except (AttributeError, ValueError) as e:
         problems.append(f"{where}: {e}")
         return None

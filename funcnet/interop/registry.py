@@ -23,15 +23,16 @@ class ConversionError(TypeError):
 class _Row:
     torch_name: str  # torch.nn.<torch_name>; subclasses match too (isinstance)
     ours: str  # funcnet.nn.<ours>; the row is active once that layer exists
-    # torch module -> constructor arguments that cannot be read off attributes of the same name
-    args: Callable[[Any], dict] | None = None
+    # (torch module, build) -> constructor arguments that cannot be read off attributes of the same name;
+    # build(child, path, problems) converts a child module (an encoder's layers)
+    args: Callable[[Any, Callable], dict] | None = None
 
 
-def _mha_args(m) -> dict:
+def _mha_args(m, build) -> dict:
     return {"bias": m.in_proj_bias is not None, "add_bias_kv": m.bias_k is not None}
 
 
-def _encoder_layer_args(m) -> dict:
+def _encoder_layer_args(m, build) -> dict:
     import torch.nn.functional as F
     from torch import nn as tnn
 
@@ -48,15 +49,10 @@ def _encoder_layer_args(m) -> dict:
             "bias": m.linear1.bias is not None}
 
 
-def _encoder_args(m) -> dict:
-    from funcnet.interop.modules import (
-        _build,  # the encoder's layers are built like any module
-    )
-
-    problems: list[str] = []
-    registry = _registry()
-    layers = [_build(layer, f"layers.{i}", registry, problems) for i, layer in enumerate(m.layers)]
-    norm = None if m.norm is None else _build(m.norm, "norm", registry, problems)
+def _encoder_args(m, build) -> dict:
+    problems: list[str] = []  # the encoder's layers are built like any module: build(child, path, problems)
+    layers = [build(layer, f"layers.{i}", problems) for i, layer in enumerate(m.layers)]
+    norm = None if m.norm is None else build(m.norm, "norm", problems)
     if problems:
         raise ValueError("; ".join(problems))
     if len({layer.name for layer in layers}) > 1:
