@@ -1,4 +1,5 @@
-"""Losses with torch.nn.functional's signatures, defaults and reductions, on top of optax.
+"""The losses the training loop uses most: cross_entropy, nll_loss, mse_loss, l1_loss,
+binary_cross_entropy_with_logits, with torch.nn.functional's semantics, on top of optax.
 
 Every loss takes ``reduction="mean" | "sum" | "none"`` (keyword-only here; torch's
 deprecated ``size_average``/``reduce`` are not taken).
