@@ -5,8 +5,8 @@ Each takes torch's arguments with torch's defaults. ``inplace=`` is accepted and
 (JAX arrays are immutable; torch's in-place and out-of-place forms compute the same values
 and gradients). Where an activation has a kink, the gradient there is torch's, which is
 not always what ``jnp.clip`` or ``jax.nn`` give: ``relu6``/``hardtanh`` have gradient 0 at
-both ends (``jnp.clip`` gives 0.5), ``hardsigmoid`` 0 at -3 and 3, ``hardswish`` -0.5 at -3
-and 1.5 at 3 (torch's backward formula), ``leaky_relu`` ``negative_slope`` at 0.
+both ends (``jnp.clip`` gives 0.5), ``hardsigmoid`` 0 at -3 and 3, ``hardswish`` 0 at -3 and 1
+at 3 (torch's backward formula), ``leaky_relu`` ``negative_slope`` at 0.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["relu", "relu6", "hardtanh", "hardswish", "hardsigmoid", "gelu", "silu", "mish", "softplus", "elu",
            "selu", "celu", "leaky_relu", "prelu", "logsigmoid", "softsign", "tanhshrink", "threshold", "glu",
@@ -61,19 +62,34 @@ def relu6(input, inplace: bool = False):
     return hardtanh(input, 0.0, 6.0, inplace)
 
 
+@jax.custom_jvp
+def _hardsigmoid(x):
+    return jnp.where(x <= -3, jnp.zeros_like(x), jnp.where(x >= 3, jnp.ones_like(x), (x + 3) / 6))
+
+
+@_hardsigmoid.defjvp
+def _hardsigmoid_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    # torch's hardsigmoid_backward multiplies by 1/6 rounded to float32 (``1.0f / 6.0f``), in
+    # float64 too
+    inside = (x > -3) & (x < 3)
+    return _hardsigmoid(x), jnp.where(inside, t * float(np.float32(1.0) / np.float32(6.0)), jnp.zeros_like(t))
+
+
 def hardsigmoid(input, inplace: bool = False):
-    """relu6(x + 3) / 6; gradient 1/6 strictly inside (-3, 3), 0 at and beyond -3 and 3."""
+    """relu6(x + 3) / 6; gradient 1/6 strictly inside (-3, 3) (torch's float32 1/6, in float64
+    too), 0 at and beyond -3 and 3."""
     del inplace
-    x = jnp.asarray(input)
-    return jnp.where(x <= -3, jnp.zeros_like(x), jnp.where(x >= 3, jnp.ones_like(x), x / 6 + 0.5))
+    return _hardsigmoid(jnp.asarray(input))
 
 
 def hardswish(input, inplace: bool = False):
-    """x * relu6(x + 3) / 6; the gradient is torch's formula: 0 below -3, x/3 + 1/2 on
-    [-3, 3] (so -0.5 at -3 and 1.5 at 3), 1 above 3."""
+    """x * relu6(x + 3) / 6; the gradient is torch's formula: 0 up to -3, x/3 + 1/2 inside
+    (-3, 3), 1 from 3 on (so 0 at -3 and 1 at 3, where the derivative of the middle piece
+    would give -0.5 and 1.5)."""
     del inplace
     x = jnp.asarray(input)
-    return jnp.where(x < -3, jnp.zeros_like(x), jnp.where(x <= 3, x * (x + 3) / 6, x))
+    return jnp.where(x <= -3, jnp.zeros_like(x), jnp.where(x < 3, x * (x + 3) / 6, x))
 
 
 def gelu(input, approximate: str = "none"):
