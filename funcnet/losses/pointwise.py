@@ -29,8 +29,9 @@ def _bce(x, t):
 @_bce.defjvp
 def _bce_jvp(primals, tangents):
     (x, t), (dx, dt) = primals, tangents
-    # torch's binary_cross_entropy_backward (input) and target_backward (-logit(x))
-    grad_x = (x - t) / jnp.maximum((1 - x) * x, 1e-12)
+    # torch's binary_cross_entropy_backward (input; its EPSILON is the float 1e-12f, in float64
+    # too) and target_backward (-logit(x))
+    grad_x = (x - t) / jnp.maximum((1 - x) * x, float(np.float32(1e-12)))
     grad_t = jnp.log1p(-x) - jnp.log(x)
     return _bce(x, t), grad_x * dx + grad_t * dt
 
@@ -93,6 +94,11 @@ def kl_div(input, target, *, reduction: str = "mean", log_target: bool = False):
     return _reduce(loss, reduction)
 
 
+def _abs(d):
+    """|d| with torch's gradient sign(d), 0 at 0 (``jnp.abs`` has gradient 1 there)."""
+    return d * jax.lax.stop_gradient(jnp.sign(d))
+
+
 def _check_nonnegative(value, what: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
         raise ValueError(f"{where}: {what} must be a number >= 0, got {value!r}")
@@ -107,7 +113,7 @@ def smooth_l1_loss(input, target, *, reduction: str = "mean", beta: float = 1.0)
     beta = _check_nonnegative(beta, "beta", where)
     d = jnp.asarray(input) - jnp.asarray(target)
     if beta == 0:
-        return _reduce(jnp.abs(d), reduction)
+        return _reduce(_abs(d), reduction)
     small = jnp.abs(d) < beta
     return _reduce(jnp.where(small, 0.5 * d * d / beta, jnp.abs(d) - 0.5 * beta), reduction)
 
@@ -128,7 +134,8 @@ def poisson_nll_loss(input, target, *, log_input: bool = True, full: bool = Fals
                      reduction: str = "mean"):
     """Poisson negative log likelihood (``F.poisson_nll_loss``): ``exp(x) - t x`` with
     ``log_input`` (x is the log-rate), else ``x - t log(x + eps)``; ``full`` adds Stirling's
-    ``t log t - t + 0.5 log(2 pi t)`` where t > 1."""
+    ``t log t - t + 0.5 log(2 pi t)`` where t > 1 (its gradient with respect to a target of
+    exactly 0 is 0 here; torch's is NaN, 0 times the infinite derivative of log at 0)."""
     where = "poisson_nll_loss"
     _same_shapes(input, target, "input,target", where)
     x, t = jnp.asarray(input), jnp.asarray(target)

@@ -5,6 +5,7 @@ gradient at exactly 0 is 1 (torch's ``self >= min`` rule), where ``jnp.maximum``
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from funcnet.losses.core import _reduce
@@ -44,7 +45,7 @@ def margin_ranking_loss(input1, input2, target, *, margin: float = 0.0, reductio
 
 def _distance(a, b, p, eps):
     d = a - b + eps
-    s = jnp.sum(jnp.abs(d) ** p, axis=-1)
+    s = jnp.sum((d * jax.lax.stop_gradient(jnp.sign(d))) ** p, axis=-1)
     positive = s > 0
     return jnp.where(positive, jnp.where(positive, s, 1) ** (1.0 / p), 0)
 

@@ -51,6 +51,9 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 
     T, N, C = lp.shape
     if not 0 <= blank < C:
         raise ValueError(f"{where}: blank={blank} is not one of the {C} classes")
+    concrete = not any(isinstance(v, jax.core.Tracer) for v in (targets, target_lengths))
+    host_targets = np.asarray(targets) if concrete else None
+    host_lengths = np.asarray(target_lengths) if concrete else None
     input_lengths = _as_int(input_lengths, "input_lengths")
     target_lengths = _as_int(target_lengths, "target_lengths")
     targets = _as_int(targets, "targets")
@@ -58,15 +61,15 @@ def ctc_loss(log_probs, targets, input_lengths, target_lengths, *, blank: int = 
         raise ValueError(f"{where}: input_lengths {tuple(input_lengths.shape)} and target_lengths "
                          f"{tuple(target_lengths.shape)} must have one entry per example, ({N},)")
     if targets.ndim == 1:
-        if isinstance(target_lengths, jax.core.Tracer) or isinstance(targets, jax.core.Tracer):
+        if not concrete:
             raise ValueError(f"{where}: concatenated 1-d targets need concrete target_lengths to split them; inside "
                              f"jit pass padded (N, S) targets")
-        lengths = np.asarray(target_lengths)
+        lengths = host_lengths.reshape(-1)
         if lengths.sum() != targets.shape[0]:
             raise ValueError(f"{where}: 1-d targets hold {targets.shape[0]} labels but target_lengths sum to "
                              f"{int(lengths.sum())}")
         width = max(int(lengths.max()), 1)
-        host = np.asarray(targets)
+        host = host_targets.reshape(-1)
         padded = np.zeros((N, width), host.dtype)
         for i, start in enumerate(np.concatenate([[0], np.cumsum(lengths)[:-1]])):
             padded[i, :lengths[i]] = host[start:start + lengths[i]]

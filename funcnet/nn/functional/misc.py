@@ -103,7 +103,7 @@ def _pnorm(x, p, axis, keepdims):
     """The p-norm along ``axis`` with a zero (not NaN) gradient at a zero vector, as torch's."""
     if p == float("inf"):
         return jnp.max(jnp.abs(x), axis=axis, keepdims=keepdims)
-    s = jnp.sum(jnp.abs(x) ** p, axis=axis, keepdims=keepdims)
+    s = jnp.sum((x * jax.lax.stop_gradient(jnp.sign(x))) ** p, axis=axis, keepdims=keepdims)
     positive = s > 0
     return jnp.where(positive, jnp.where(positive, s, 1) ** (1.0 / p), 0)
 
