@@ -71,7 +71,7 @@ def StochasticDepth(p: float, mode: str) -> Module:
     """torchvision.ops.StochasticDepth: in training, drop the whole residual branch's output
     (``mode="batch"``) or each example's (``mode="row"``) with probability ``p``, scaling what is
     kept by ``1 / (1 - p)``; identity when ``train=False``. ``train=True`` needs ``key``."""
-    _F.stochastic_depth(jnp.zeros((1,)), p, mode, training=False)  # checks p and mode now
+    _F.check_stochastic_depth(p, mode, "StochasticDepth")
     name = f"StochasticDepth(p={p}, mode={mode})"
 
     def apply(params, x, *, key=None, train=False):

@@ -231,14 +231,18 @@ def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = Fals
     return drop(input, key, p, shape[:-2] + (1, 1))
 
 
+def check_stochastic_depth(p, mode, where: str) -> None:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{where}: drop probability has to be between 0 and 1, but got {p!r}")
+    if mode not in ("batch", "row"):
+        raise ValueError(f"{where}: mode has to be either 'batch' or 'row', but got {mode!r}")
+
+
 def stochastic_depth(input, p: float, mode: str, training: bool = True, *, key=None):
     """torchvision.ops.stochastic_depth: when ``training``, drop the whole input (``mode="batch"``)
     or each example along axis 0 (``mode="row"``) with probability ``p``, scaling what is kept
     by ``1 / (1 - p)``; identity otherwise. Needs ``key`` when it drops."""
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"stochastic_depth: drop probability has to be between 0 and 1, but got {p!r}")
-    if mode not in ("batch", "row"):
-        raise ValueError(f"stochastic_depth: mode has to be either 'batch' or 'row', but got {mode!r}")
+    check_stochastic_depth(p, mode, "stochastic_depth")
     x = jnp.asarray(input)
     if not training or p == 0.0:
         return x
