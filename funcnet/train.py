@@ -33,12 +33,27 @@ from funcnet.step import Position, TrainState, create_train_state, default_metri
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
 
 
+def output_shape(model: Module, params, model_state, x):
+    """The model's output for the whole of ``x``, traced on shapes only (no compute).
+
+    Run before any step compiles, so a layer's input error names the user's full input shape
+    (``(1437, 64)``, not a slice of it) and is raised here, outside JAX's tracing, without its
+    internal frames or a chained JAX traceback."""
+    spec = jax.ShapeDtypeStruct(tuple(np.shape(x)), jnp.asarray(x[:1]).dtype)
+    try:
+        return jax.eval_shape(lambda p, s, v: call(model, p, s, v)[0], params, model_state, spec)
+    except (ValueError, TypeError) as error:
+        if type(error) not in (ValueError, TypeError):
+            raise
+        raise type(error)(str(error)) from None
+
+
 def _check_label_range(model, params, model_state, *datasets) -> None:
     # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
     # read a clipped logit. Check once, on the host, against the model's output size.
-    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x)[0], params, model_state,
-                         jnp.asarray(datasets[0][0][:1]))
-    if not is_classification(out, np.asarray(datasets[0][1][:1])):
+    out = output_shape(model, params, model_state, datasets[0][0])
+    labels = datasets[0][1]
+    if not is_classification(out, jax.ShapeDtypeStruct(tuple(np.shape(labels)), np.asarray(labels[:1]).dtype)):
         return
     n_classes = out.shape[-1]
     for name, ds in zip(("train", "test"), datasets):

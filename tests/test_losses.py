@@ -72,6 +72,23 @@ T01 = _rng.uniform(0, 1, (4, 3))  # soft binary targets
 BIN = (_rng.uniform(0, 1, (4, 3)) > 0.5).astype(float)
 W_BCE = _rng.uniform(0.2, 2, (4, 1))  # broadcasts over classes
 POS_W = np.array([0.5, 3.0, 1.0])  # one per class, broadcast along the last axis
+PROB_IN = _rng.uniform(0.02, 0.98, (4, 3))
+PROB_EDGE = PROB_IN.copy()
+PROB_EDGE[0, :2] = (0.0, 1.0)
+PROB_EDGE[1, :2] = (1e-50, 1.0)  # log clamped at -100 (float64; 0 in float32)
+LOGP = np.log(_rng.dirichlet(np.ones(3), 4))
+PROBS_0 = _rng.dirichlet(np.ones(3), 4)
+PROBS_0[0, 1] = 0.0  # t = 0 contributes 0, as torch's xlogy
+Y_KINK = X.copy()
+Y_KINK[0] = X[0]  # a zero difference: the gradient there is 0
+Y_KINK[1, 0] = X[1, 0] - 1.0  # |d| = beta = delta exactly
+Y_KINK[2:] = Y[2:]
+PM1 = np.array([1, -1, 1, -1])
+PM1F = np.array([1.0, -1.0, -1.0, 1.0])
+COUNTS = _rng.poisson(2.0, (4, 3)).astype(float)
+VAR = _rng.uniform(0.1, 2.0, (4, 3))
+VAR[0, 0] = 1e-8  # clamped to eps, the gradient passing as if not
+PROBS_POS = _rng.dirichlet(np.ones(3), 4)
 
 FT = F.cross_entropy
 CASES = [
@@ -123,6 +140,48 @@ CASES = [
      lambda x, t, w, pw, r: losses.binary_cross_entropy_with_logits(x, t, w, reduction=r, pos_weight=pw),
      lambda x, t, w, pw, r: F.binary_cross_entropy_with_logits(x, t, w, reduction=r, pos_weight=pw),
      (X, BIN, W_BCE, POS_W), (0,)),
+    # probabilities in, torch's clamp of each log at -100: exact 0 and 1 among the inputs (their
+    # gradient is torch's finite formula)
+    ("bce-probs", lambda x, t, r: losses.binary_cross_entropy(x, t, reduction=r),
+     lambda x, t, r: F.binary_cross_entropy(x, t, reduction=r), (PROB_IN, T01), (0, 1)),
+    ("bce-probs-weight-01", lambda x, t, w, r: losses.binary_cross_entropy(x, t, w, reduction=r),
+     lambda x, t, w, r: F.binary_cross_entropy(x, t, w, reduction=r), (PROB_EDGE, BIN, W_BCE), (0,)),
+    # a zero target contributes 0 (torch's xlogy); torch's gradient with respect to it is NaN, so
+    # the target is differentiated on positive targets only
+    ("kl_div-zero-target", lambda x, t, r: losses.kl_div(x, t, reduction=r),
+     lambda x, t, r: F.kl_div(x, t, reduction=r), (LOGP, PROBS_0), (0,)),
+    ("kl_div", lambda x, t, r: losses.kl_div(x, t, reduction=r),
+     lambda x, t, r: F.kl_div(x, t, reduction=r), (LOGP, PROBS_POS), (0, 1)),
+    ("kl_div-log_target", lambda x, t, r: losses.kl_div(x, t, reduction=r, log_target=True),
+     lambda x, t, r: F.kl_div(x, t, reduction=r, log_target=True), (LOGP, LOGP[::-1].copy()), (0, 1)),
+    ("smooth_l1", lambda a, b, r: losses.smooth_l1_loss(a, b, reduction=r),
+     lambda a, b, r: F.smooth_l1_loss(a, b, reduction=r), (X, Y_KINK), (0, 1)),
+    ("smooth_l1-beta0.5", lambda a, b, r: losses.smooth_l1_loss(a, b, reduction=r, beta=0.5),
+     lambda a, b, r: F.smooth_l1_loss(a, b, reduction=r, beta=0.5), (X, Y), (0, 1)),
+    ("smooth_l1-beta0", lambda a, b, r: losses.smooth_l1_loss(a, b, reduction=r, beta=0.0),
+     lambda a, b, r: F.smooth_l1_loss(a, b, reduction=r, beta=0.0), (X, Y_KINK), (0, 1)),
+    ("huber", lambda a, b, r: losses.huber_loss(a, b, reduction=r),
+     lambda a, b, r: F.huber_loss(a, b, reduction=r), (X, Y_KINK), (0, 1)),
+    ("huber-delta2", lambda a, b, r: losses.huber_loss(a, b, reduction=r, delta=2.0),
+     lambda a, b, r: F.huber_loss(a, b, reduction=r, delta=2.0), (X, Y), (0, 1)),
+    ("cosine_embedding", lambda a, b, y, r: losses.cosine_embedding_loss(a, b, y, reduction=r, margin=0.1),
+     lambda a, b, y, r: F.cosine_embedding_loss(a, b, y, reduction=r, margin=0.1), (X, Y, PM1), (0, 1)),
+    ("margin_ranking", lambda a, b, y, r: losses.margin_ranking_loss(a, b, y, reduction=r, margin=0.5),
+     lambda a, b, y, r: F.margin_ranking_loss(a, b, y, reduction=r, margin=0.5), (X[:, 0], Y[:, 0], PM1F), (0, 1)),
+    ("triplet_margin", lambda a, p, n, r: losses.triplet_margin_loss(a, p, n, reduction=r),
+     lambda a, p, n, r: F.triplet_margin_loss(a, p, n, reduction=r), (X, Y, T01), (0, 1, 2)),
+    ("triplet_margin-p1-swap", lambda a, p, n, r: losses.triplet_margin_loss(a, p, n, reduction=r, p=1, swap=True,
+                                                                             margin=2.0),
+     lambda a, p, n, r: F.triplet_margin_loss(a, p, n, reduction=r, p=1, swap=True, margin=2.0), (X, Y, T01),
+     (0, 1, 2)),
+    ("poisson_nll", lambda x, t, r: losses.poisson_nll_loss(x, t, reduction=r),
+     lambda x, t, r: F.poisson_nll_loss(x, t, reduction=r), (X, COUNTS), (0, 1)),
+    ("poisson_nll-rate-full", lambda x, t, r: losses.poisson_nll_loss(x, t, reduction=r, log_input=False, full=True),
+     lambda x, t, r: F.poisson_nll_loss(x, t, reduction=r, log_input=False, full=True), (T01 + 0.5, COUNTS + 1), (0, 1)),
+    ("gaussian_nll", lambda x, t, v, r: losses.gaussian_nll_loss(x, t, v, reduction=r),
+     lambda x, t, v, r: F.gaussian_nll_loss(x, t, v, reduction=r), (X, Y, VAR), (0, 1, 2)),
+    ("gaussian_nll-per-example-var-full", lambda x, t, v, r: losses.gaussian_nll_loss(x, t, v, reduction=r, full=True),
+     lambda x, t, v, r: F.gaussian_nll_loss(x, t, v, reduction=r, full=True), (X, Y, VAR[:, 0]), (0, 1, 2)),
 ]
 TOL = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-10, atol=1e-12)}
 
@@ -207,3 +266,79 @@ def test_torch_layout_hint_and_argument_errors():
         losses.binary_cross_entropy_with_logits(jnp.zeros((4, 3)), jnp.zeros((4, 3)), pos_weight=jnp.ones(2))
     with pytest.raises(ValueError, match=r"l1_loss: pred of shape \(3,\) and target of shape \(4,\) differ"):
         losses.l1_loss(jnp.zeros(3), jnp.zeros(4))
+
+
+def test_kl_div_batchmean_and_bce_clamp_closed_form():
+    lp, t = LOGP.astype(np.float32), PROBS_0.astype(np.float32)
+    got = losses.kl_div(jnp.asarray(lp), jnp.asarray(t), reduction="batchmean")
+    want = F.kl_div(torch.from_numpy(lp), torch.from_numpy(t), reduction="batchmean")
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-6)
+    # a probability of exactly 0 for a target of 1: torch's clamp gives 100, not inf
+    assert float(losses.binary_cross_entropy(jnp.zeros(1), jnp.ones(1))) == 100.0
+    with pytest.raises(ValueError, match=r"all elements of input should be between 0 and 1.*\[-0.5, 0.5\].*with_logits"):
+        losses.binary_cross_entropy(jnp.array([-0.5, 0.5]), jnp.array([0.0, 1.0]))
+    with pytest.raises(ValueError, match="var has negative entry"):
+        losses.gaussian_nll_loss(jnp.zeros(2), jnp.zeros(2), jnp.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match=r"var is of incorrect size: got shape \(3,\) for an input of shape \(4, 3\)"):
+        losses.gaussian_nll_loss(jnp.zeros((4, 3)), jnp.zeros((4, 3)), jnp.ones(3))
+
+
+CTC_T, CTC_N, CTC_C = 12, 3, 5
+_logits = _rng.normal(size=(CTC_T, CTC_N, CTC_C))
+CTC_LP = _logits - np.log(np.exp(_logits).sum(-1, keepdims=True))  # log_softmax in float64
+CTC_TARGETS = np.array([[1, 2, 2, 4], [3, 3, 0, 0], [4, 1, 2, 3]])  # (N, S) padded; row 1 has a repeat
+CTC_IN_LEN = np.array([12, 9, 4])  # row 2: 4 frames for 4 labels is possible, no repeats
+CTC_TGT_LEN = np.array([4, 2, 4])
+REDUCTIONS = ("none", "mean", "sum")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ctc_loss_equals_torch(dtype):
+    """Every reduction's value and gradient from one compiled function (optax's scan compiles
+    slowly): the vjp is pulled back once per reduction's cotangent."""
+    lp = CTC_LP.astype(dtype)
+    args = (torch.from_numpy(CTC_TARGETS), torch.from_numpy(CTC_IN_LEN), torch.from_numpy(CTC_TGT_LEN))
+    cots, t_outs, t_grads = [], [], []
+    for i, reduction in enumerate(REDUCTIONS):
+        t_lp = torch.from_numpy(lp.copy()).requires_grad_()
+        t_out = F.ctc_loss(t_lp, *args, reduction=reduction)
+        cot = np.random.default_rng(2 + i).standard_normal(tuple(t_out.shape)).astype(dtype)
+        (t_out * torch.from_numpy(cot)).sum().backward()
+        cots.append(cot)
+        t_outs.append(t_out.detach().numpy())
+        t_grads.append(t_lp.grad.numpy())
+    with jax.enable_x64(dtype == "float64"):
+        def all_reductions(v, cots):
+            outs, vjp = jax.vjp(lambda u: tuple(losses.ctc_loss(u, CTC_TARGETS, CTC_IN_LEN, CTC_TGT_LEN, reduction=r)
+                                                for r in REDUCTIONS), v)
+            zeros = [jnp.zeros_like(o) for o in outs]
+            grads = [vjp(tuple(c if j == i else zeros[j] for j, c in enumerate(cots)))[0] for i in range(3)]
+            return outs, grads
+
+        outs, grads = jax.jit(all_reductions)(jnp.asarray(lp), tuple(jnp.asarray(c) for c in cots))
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=1e-10, atol=1e-10)
+    for reduction, out, g, t_out, t_grad in zip(REDUCTIONS, outs, grads, t_outs, t_grads):
+        np.testing.assert_allclose(np.asarray(out), t_out, err_msg=f"{reduction} value", **tol)
+        np.testing.assert_allclose(np.asarray(g), t_grad, err_msg=f"{reduction} gradient", **tol)
+
+
+def test_ctc_loss_impossible_alignment_concatenated_targets_and_zero_infinity():
+    lp = jnp.asarray(CTC_LP, jnp.float32)
+    in_len = np.array([12, 2, 4])  # row 1: 2 frames for "3 3" needs 3 (a blank between the repeats): inf
+    flat = np.concatenate([CTC_TARGETS[i, :n] for i, n in enumerate(CTC_TGT_LEN)])
+
+    def ours(v):  # one compile: torch's concatenated targets are concrete here (closed over)
+        none = losses.ctc_loss(v, flat, in_len, CTC_TGT_LEN, reduction="none")
+        zeroed = losses.ctc_loss(v, CTC_TARGETS, in_len, CTC_TGT_LEN, reduction="none", zero_infinity=True)
+        g = jax.grad(lambda u: losses.ctc_loss(u, CTC_TARGETS, in_len, CTC_TGT_LEN, zero_infinity=True))(v)
+        return none, zeroed, g
+
+    got = jax.jit(ours)(lp)
+    for zero_infinity, value in ((False, got[0]), (True, got[1])):
+        want = F.ctc_loss(torch.from_numpy(CTC_LP.astype(np.float32)), torch.from_numpy(flat),
+                          torch.from_numpy(in_len), torch.from_numpy(CTC_TGT_LEN), reduction="none",
+                          zero_infinity=zero_infinity).numpy()
+        assert np.isinf(want[1]) != zero_infinity
+        np.testing.assert_allclose(np.asarray(value), want, rtol=1e-5)
+    g = np.asarray(got[2])
+    assert np.isfinite(g).all() and not g[:, 1].any()  # zero_infinity: no gradient from the impossible row

@@ -30,12 +30,38 @@ TABLE = [
     ("LogSoftmax-1", lambda: nn.LogSoftmax(dim=1), lambda: torch.nn.LogSoftmax(dim=1), (3, 5)),
     ("LogSoftmax--2-3d", lambda: nn.LogSoftmax(-2), lambda: torch.nn.LogSoftmax(-2), (2, 3, 4)),
     ("LogSoftmax-0-1d", lambda: nn.LogSoftmax(0), lambda: torch.nn.LogSoftmax(0), (6,)),
+    # the kinks of each row sit in the input (KINKS below): torch's gradient there
+    ("ReLU6", lambda: nn.ReLU6(), lambda: torch.nn.ReLU6(), (3, 5)),
+    ("Hardswish", lambda: nn.Hardswish(), lambda: torch.nn.Hardswish(), (3, 5)),
+    ("Hardsigmoid", lambda: nn.Hardsigmoid(), lambda: torch.nn.Hardsigmoid(), (3, 5)),
+    ("Hardtanh", lambda: nn.Hardtanh(), lambda: torch.nn.Hardtanh(), (3, 5)),
+    ("Hardtanh-2-3", lambda: nn.Hardtanh(-2.0, 3.0), lambda: torch.nn.Hardtanh(-2.0, 3.0), (3, 5)),
+    ("Mish", lambda: nn.Mish(), lambda: torch.nn.Mish(), (3, 5)),
+    ("Softplus", lambda: nn.Softplus(), lambda: torch.nn.Softplus(), (3, 5)),
+    ("Softplus-2-10", lambda: nn.Softplus(2, 10), lambda: torch.nn.Softplus(2, 10), (3, 5)),
+    ("PReLU", lambda: nn.PReLU(), lambda: torch.nn.PReLU(), (3, 5)),
+    ("PReLU-channels", lambda: nn.PReLU(3, 0.1), lambda: torch.nn.PReLU(3, 0.1), (2, 3, 4)),
+    ("SELU", lambda: nn.SELU(), lambda: torch.nn.SELU(), (3, 5)),
+    ("CELU-0.5", lambda: nn.CELU(0.5), lambda: torch.nn.CELU(0.5), (3, 5)),
+    ("LogSigmoid", lambda: nn.LogSigmoid(), lambda: torch.nn.LogSigmoid(), (3, 5)),
+    ("Softsign", lambda: nn.Softsign(), lambda: torch.nn.Softsign(), (3, 5)),
+    ("Tanhshrink", lambda: nn.Tanhshrink(), lambda: torch.nn.Tanhshrink(), (3, 5)),
+    ("Threshold", lambda: nn.Threshold(0.1, 20), lambda: torch.nn.Threshold(0.1, 20), (3, 5)),
+    ("GLU", lambda: nn.GLU(), lambda: torch.nn.GLU(), (3, 4)),
+    ("GLU-1", lambda: nn.GLU(1), lambda: torch.nn.GLU(1), (2, 4, 3)),
+    ("Softmin-1", lambda: nn.Softmin(1), lambda: torch.nn.Softmin(1), (3, 5)),
+    ("Softmax2d", lambda: nn.Softmax2d(), lambda: torch.nn.Softmax2d(), (2, 3, 2, 2)),
+    ("Softmax2d-unbatched", lambda: nn.Softmax2d(), lambda: torch.nn.Softmax2d(), (3, 2, 2)),
 ]
+# values placed at the start of the input: every kink torch defines a gradient at
+KINKS = {"ReLU6": (0.0, 6.0), "Hardswish": (-3.0, 3.0), "Hardsigmoid": (-3.0, 3.0), "Hardtanh": (-1.0, 1.0),
+         "Hardtanh-2-3": (-2.0, 3.0), "Softplus": (20.0, 0.0), "Softplus-2-10": (5.0, 0.0), "Threshold": (0.1, 0.0),
+         "SELU": (0.0,), "CELU-0.5": (0.0,), "Softsign": (0.0,)}
 
 
-def _input(shape, seed=0):
+def _input(shape, seed=0, kinks=(0.0,)):
     x = np.random.default_rng(seed).normal(0, 2, shape)
-    x.flat[0] = 0.0  # the kink of ReLU/LeakyReLU/ELU: torch's gradient at exactly 0
+    x.flat[:len(kinks)] = kinks  # default: the kink of ReLU/LeakyReLU/ELU, torch's gradient at exactly 0
     return x
 
 
@@ -43,9 +69,9 @@ def _input(shape, seed=0):
 @pytest.mark.parametrize("train", [True, False])
 @pytest.mark.parametrize("case", TABLE, ids=[c[0] for c in TABLE])
 def test_activation_equals_torch(case, train, dtype):
-    _, ours, theirs, shape = case
+    name, ours, theirs, shape = case
     with jax.enable_x64(dtype == "float64"):
-        check_layer(ours(), theirs(), [_input(shape)], train=train, dtype=dtype)
+        check_layer(ours(), theirs(), [_input(shape, kinks=KINKS.get(name, (0.0,)))], train=train, dtype=dtype)
 
 
 @pytest.mark.parametrize("case", TABLE, ids=[c[0] for c in TABLE])
@@ -117,3 +143,37 @@ def test_softmax_statistics_are_float32_for_bf16_inputs():
         assert got.dtype == jnp.bfloat16
         want = fn(x.astype(jnp.float32)).astype(jnp.bfloat16)
         np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("name, fn, kinks, want", [
+    # torch's gradients at the kinks, written out (torch's backward formulas); a stand-in with
+    # jnp.clip gives 0.5 at the ends of ReLU6
+    ("ReLU6", nn.ReLU6, (0.0, 6.0), (0.0, 0.0)),
+    ("Hardtanh", nn.Hardtanh, (-1.0, 1.0), (0.0, 0.0)),
+    ("Hardsigmoid", nn.Hardsigmoid, (-3.0, 3.0), (0.0, 0.0)),
+    ("Hardswish", nn.Hardswish, (-3.0, 3.0), (0.0, 1.0)),
+])
+def test_gradient_at_kinks_closed_form(name, fn, kinks, want):
+    layer = fn()
+    grads = jax.vmap(jax.grad(lambda v: layer.apply({}, v)))(jnp.asarray(kinks))
+    np.testing.assert_array_equal(np.asarray(grads), np.asarray(want, np.float32), err_msg=name)
+    x = torch.tensor(kinks, requires_grad=True)
+    getattr(torch.nn, name)()(x).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.asarray(want, np.float32), err_msg=f"torch {name}")
+
+
+def test_new_activation_arguments_fail_at_build_time():
+    with pytest.raises(ValueError, match=r"Hardtanh: min_val=2.0 is greater than max_val=1.0"):
+        nn.Hardtanh(2.0, 1.0)
+    with pytest.raises(ValueError, match="PReLU: num_parameters must be a positive int"):
+        nn.PReLU(0)
+    with pytest.raises(ValueError, match="CELU: alpha=0 divides by zero"):
+        nn.CELU(0)
+    with pytest.raises(ValueError, match=r"Softmin\(dim=None\)"):
+        nn.Softmin()
+    with pytest.raises(ValueError, match=r"PReLU\(num_parameters=3\)|prelu: weight of shape \(3,\) has one entry "
+                                         r"per channel but the input of shape \(2, 4\) has 4 channels"):
+        nn.PReLU(3).apply(nn.PReLU(3).init(None), jnp.zeros((2, 4)))
+    with pytest.raises(ValueError, match=r"Softmax2d: expected a 3D \(C, H, W\) or 4D \(N, C, H, W\) input, got "
+                                         r"shape \(2, 3\)"):
+        nn.Softmax2d().apply({}, jnp.zeros((2, 3)))

@@ -183,3 +183,23 @@ def test_building_conv_and_pooling_layers_does_not_start_the_backend():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": ""})
     assert out.stdout.strip() == "3"
+
+
+def test_fit_shape_error_names_the_full_input_shape_without_jax_frames():
+    """A conv net fed flat images: the error names the user's (1437, 64), not a slice of it,
+    and is raised before any tracing, so its traceback holds no JAX frames and no chained
+    JAX exception."""
+    import traceback
+
+    import optax
+
+    from funcnet import train
+
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 10))
+    x, y = np.zeros((1437, 64), np.float32), np.zeros(1437, np.int64)
+    with pytest.raises(ValueError, match=r"Conv2d\(1, 4, .*got shape \(1437, 64\); reshape the input to "
+                                         r"\(N, C, H, W\) \(flat images\? x.reshape\(1437, C, H, W\)") as info:
+        train.fit(model, optax.sgd(0.1), (x, y), epochs=1, batch_size=32, key=jax.random.key(0), progress=False)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert not [f.filename for f in frames if "/jax/" in f.filename or "/jax/_src/" in f.filename]

@@ -96,3 +96,50 @@ def test_identity_ignores_arguments_as_torch():
     assert nn.Identity(54, unused_argument1=0.1).apply({}, x) is not None
     np.testing.assert_array_equal(nn.Identity(54, unused_argument1=0.1).apply({}, x), x)
     assert nn.Identity(1, a=2).name == repr(torch.nn.Identity(1, a=2))
+
+
+def _torchvision_stochastic_depth(x, p, mode, keep):
+    """torchvision.ops.stochastic_depth as documented, in torch, with its Bernoulli draw given
+    (torchvision is not installed here): noise of shape (N, 1, ...) for "row", (1, ...) for
+    "batch", divided by the survival rate."""
+    survival_rate = 1.0 - p
+    size = [x.shape[0]] + [1] * (x.ndim - 1) if mode == "row" else [1] * x.ndim
+    noise = keep.reshape(size).to(x.dtype)
+    if survival_rate > 0.0:
+        noise = noise.div(survival_rate)
+    return x * noise
+
+
+@pytest.mark.parametrize("p, mode", [(0.3, "row"), (0.5, "batch"), (1.0, "row")])
+def test_stochastic_depth_equals_torchvisions_formula(p, mode):
+    layer = nn.StochasticDepth(p, mode)
+    assert layer.name == f"StochasticDepth(p={p}, mode={mode})"
+    x = np.random.default_rng(0).uniform(0.5, 2.0, (16, 3, 2)).astype(np.float32)  # no zeros: the mask reads off
+    cot = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    fn = jax.jit(lambda v, k: jax.vjp(lambda u: layer.apply({}, u, key=k, train=True), v))
+    for seed in range(3):
+        out, vjp = fn(jnp.asarray(x), jax.random.key(seed))
+        kept = np.asarray(out) != 0
+        axes = tuple(range(1, x.ndim)) if mode == "row" else None
+        assert (kept.all(axis=axes) == kept.any(axis=axes)).all(), "one decision per row (or per batch)"
+        keep = torch.from_numpy(kept.reshape(x.shape[0], -1)[:, 0] if mode == "row" else kept.reshape(-1)[:1])
+        t_x = torch.from_numpy(x).requires_grad_()
+        t_out = _torchvision_stochastic_depth(t_x, p, mode, keep)
+        (t_out * torch.from_numpy(cot)).sum().backward()
+        np.testing.assert_allclose(np.asarray(out), t_out.detach().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(vjp(jnp.asarray(cot))[0]), t_x.grad.numpy(), rtol=1e-6)
+    # eval: identity, no key needed
+    np.testing.assert_array_equal(np.asarray(layer.apply({}, x)), x)
+
+
+def test_stochastic_depth_keeps_rows_at_the_survival_rate_and_refuses_bad_arguments():
+    layer = nn.StochasticDepth(0.25, "row")
+    out = jax.jit(lambda k: layer.apply({}, jnp.ones((4000, 2)), key=k, train=True))(jax.random.key(0))
+    rate = float((np.asarray(out)[:, 0] != 0).mean())
+    assert abs(rate - 0.75) < 0.03 and np.allclose(np.asarray(out)[np.asarray(out) != 0], 1 / 0.75)
+    with pytest.raises(ValueError, match=r"StochasticDepth\(p=0.25, mode=row\) in train mode needs a PRNG key"):
+        layer.apply({}, jnp.ones((2, 2)), train=True)
+    with pytest.raises(ValueError, match="drop probability has to be between 0 and 1, but got 1.5"):
+        nn.StochasticDepth(1.5, "row")
+    with pytest.raises(ValueError, match="mode has to be either 'batch' or 'row', but got 'col'"):
+        nn.StochasticDepth(0.1, "col")

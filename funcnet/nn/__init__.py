@@ -5,6 +5,7 @@ One file per layer family; the contract (``Module``, state, ``call``) is in
 See docs/design.md.
 """
 
+from funcnet.nn import functional  # noqa: F401  (torch.nn.functional: funcnet.nn.functional)
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
 from funcnet.nn.activation import *  # noqa: F401,F403

@@ -1,7 +1,8 @@
 """Activations, as torch.nn's; no params, no state.
 
-Each layer takes torch's constructor arguments with torch's defaults. ``inplace=`` is
-accepted and only changes the name (JAX arrays are immutable; torch's in-place and
+Each layer takes torch's constructor arguments with torch's defaults and applies the one
+implementation in ``funcnet.nn.functional`` (gradients at kinks are torch's, see there).
+``inplace=`` is accepted and only changes the name (JAX arrays are immutable; torch's in-place and
 out-of-place forms compute the same values and gradients).
 """
 
@@ -13,9 +14,14 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from funcnet.nn.module import Module
+from funcnet.nn import functional as F
+from funcnet.nn.functional._common import float_dtype
+from funcnet.nn.functional.activation import _check_dim, _softmax_family
+from funcnet.nn.module import Module, check_params
 
-__all__ = ["ReLU", "Tanh", "Sigmoid", "Identity", "GELU", "SiLU", "LeakyReLU", "ELU", "Softmax", "LogSoftmax"]
+__all__ = ["ReLU", "Tanh", "Sigmoid", "Identity", "GELU", "SiLU", "LeakyReLU", "ELU", "Softmax", "LogSoftmax",
+           "ReLU6", "Hardswish", "Hardsigmoid", "Hardtanh", "Mish", "Softplus", "PReLU", "SELU", "CELU",
+           "LogSigmoid", "Softsign", "Tanhshrink", "Threshold", "GLU", "Softmin", "Softmax2d"]
 
 
 def _no_params(key) -> dict:
@@ -45,20 +51,25 @@ def _real(value, what: str, where: str) -> float:
     return value
 
 
+def _flag(inplace, where: str, prefix: str = "") -> str:
+    flag = _inplace(inplace, where)
+    return (prefix + flag) if flag else ""
+
+
 def ReLU(inplace: bool = False) -> Module:
     """max(x, 0), elementwise (torch.nn.ReLU; the articles' ``torch.clamp(x, min=0)``).
     The gradient at 0 is 0, as torch's."""
-    return elementwise(jax.nn.relu, f"ReLU({_inplace(inplace, 'ReLU')})")
+    return elementwise(F.relu, f"ReLU({_inplace(inplace, 'ReLU')})")
 
 
 def Tanh() -> Module:
     """tanh(x), elementwise (torch.nn.Tanh)."""
-    return elementwise(jnp.tanh, "Tanh()")
+    return elementwise(F.tanh, "Tanh()")
 
 
 def Sigmoid() -> Module:
     """1 / (1 + exp(-x)), elementwise (torch.nn.Sigmoid)."""
-    return elementwise(jax.nn.sigmoid, "Sigmoid()")
+    return elementwise(F.sigmoid, "Sigmoid()")
 
 
 def Identity(*args, **kwargs) -> Module:
@@ -77,58 +88,140 @@ def GELU(approximate: str = "none") -> Module:
     """
     if approximate not in ("none", "tanh"):
         raise ValueError(f"GELU: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")
-    exact = approximate == "none"
-    return elementwise(lambda x: jax.nn.gelu(x, approximate=not exact), f"GELU(approximate={approximate!r})")
+    return elementwise(lambda x: F.gelu(x, approximate), f"GELU(approximate={approximate!r})")
 
 
 def SiLU(inplace: bool = False) -> Module:
     """x * sigmoid(x), elementwise (torch.nn.SiLU, also called swish)."""
-    return elementwise(jax.nn.silu, f"SiLU({_inplace(inplace, 'SiLU')})")
+    return elementwise(F.silu, f"SiLU({_inplace(inplace, 'SiLU')})")
 
 
 def LeakyReLU(negative_slope: float = 1e-2, inplace: bool = False) -> Module:
     """x if x > 0 else negative_slope * x (torch.nn.LeakyReLU). The gradient at 0 is
     ``negative_slope``, as torch's (``jax.nn.leaky_relu`` gives 1 there)."""
     slope = _real(negative_slope, "negative_slope", "LeakyReLU")
-    flag = _inplace(inplace, "LeakyReLU")
-    return elementwise(lambda x: jnp.where(x > 0, x, slope * x),
-                       f"LeakyReLU(negative_slope={slope}{', ' + flag if flag else ''})")
+    return elementwise(lambda x: F.leaky_relu(x, slope),
+                       f"LeakyReLU(negative_slope={slope}{_flag(inplace, 'LeakyReLU', ', ')})")
 
 
 def ELU(alpha: float = 1.0, inplace: bool = False) -> Module:
     """x if x > 0 else alpha * (exp(x) - 1) (torch.nn.ELU)."""
     alpha = _real(alpha, "alpha", "ELU")
-    flag = _inplace(inplace, "ELU")
-    return elementwise(lambda x: jax.nn.elu(x, alpha), f"ELU(alpha={alpha}{', ' + flag if flag else ''})")
+    return elementwise(lambda x: F.elu(x, alpha), f"ELU(alpha={alpha}{_flag(inplace, 'ELU', ', ')})")
+
+
+def ReLU6(inplace: bool = False) -> Module:
+    """min(max(x, 0), 6) (torch.nn.ReLU6); gradient 0 at 0 and at 6, as torch's
+    (``jnp.clip`` gives 0.5 there)."""
+    return elementwise(F.relu6, f"ReLU6({_inplace(inplace, 'ReLU6')})")
+
+
+def Hardtanh(min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Module:
+    """x clipped to [min_val, max_val] (torch.nn.Hardtanh); gradient 0 at both ends."""
+    lo, hi = _real(min_val, "min_val", "Hardtanh"), _real(max_val, "max_val", "Hardtanh")
+    if lo > hi:
+        raise ValueError(f"Hardtanh: min_val={lo} is greater than max_val={hi}; pass min_val <= max_val")
+    return elementwise(lambda x: F.hardtanh(x, lo, hi),
+                       f"Hardtanh(min_val={lo}, max_val={hi}{_flag(inplace, 'Hardtanh', ', ')})")
+
+
+def Hardswish(inplace: bool = False) -> Module:
+    """x * relu6(x + 3) / 6 (torch.nn.Hardswish, MobileNetV3's); torch's gradient at -3 and 3."""
+    _inplace(inplace, "Hardswish")
+    return elementwise(F.hardswish, "Hardswish()")  # torch's repr leaves inplace out
+
+
+def Hardsigmoid(inplace: bool = False) -> Module:
+    """relu6(x + 3) / 6 (torch.nn.Hardsigmoid); gradient 0 at -3 and 3."""
+    _inplace(inplace, "Hardsigmoid")
+    return elementwise(F.hardsigmoid, "Hardsigmoid()")
+
+
+def Mish(inplace: bool = False) -> Module:
+    """x * tanh(softplus(x)) (torch.nn.Mish)."""
+    return elementwise(F.mish, f"Mish({_inplace(inplace, 'Mish')})")
+
+
+def Softplus(beta: float = 1.0, threshold: float = 20.0) -> Module:
+    """log(1 + exp(beta x)) / beta, linear where beta x > threshold (torch.nn.Softplus)."""
+    beta, threshold = _real(beta, "beta", "Softplus"), _real(threshold, "threshold", "Softplus")
+    return elementwise(lambda x: F.softplus(x, beta, threshold), f"Softplus(beta={beta}, threshold={threshold})")
+
+
+def PReLU(num_parameters: int = 1, init: float = 0.25, *, dtype=None) -> Module:
+    """x if x > 0 else a x with a learned ``a`` (torch.nn.PReLU): params ``{"weight":
+    (num_parameters,)}`` filled with ``init``; ``num_parameters`` is 1 (one ``a`` for every
+    channel) or the number of channels (axis 1 of ``(N, C, *)``). Note: torch applies no
+    weight decay exemption by itself; neither does funcnet."""
+    if isinstance(num_parameters, bool) or not isinstance(num_parameters, int) or num_parameters <= 0:
+        raise ValueError(f"PReLU: num_parameters must be a positive int (1, or the number of channels), got "
+                         f"{num_parameters!r}")
+    value = _real(init, "init", "PReLU")
+    name = f"PReLU(num_parameters={num_parameters})"
+
+    def init_fn(key):
+        del key
+        return {"weight": jnp.full((num_parameters,), value, float_dtype(dtype))}
+
+    def apply(params, x, *, key=None, train=False):
+        del key, train
+        check_params(params, {"weight"}, name)
+        return F.prelu(x, params["weight"])
+
+    return Module(init_fn, apply, name=name)
+
+
+def SELU(inplace: bool = False) -> Module:
+    """scale * elu(x, alpha) with torch's constants (torch.nn.SELU)."""
+    return elementwise(F.selu, f"SELU({_inplace(inplace, 'SELU')})")
+
+
+def CELU(alpha: float = 1.0, inplace: bool = False) -> Module:
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)) (torch.nn.CELU)."""
+    alpha = _real(alpha, "alpha", "CELU")
+    if alpha == 0:
+        raise ValueError("CELU: alpha=0 divides by zero (torch refuses it too); pass a non-zero alpha")
+    return elementwise(lambda x: F.celu(x, alpha), f"CELU(alpha={alpha}{_flag(inplace, 'CELU', ', ')})")
+
+
+def LogSigmoid() -> Module:
+    """log(sigmoid(x)) (torch.nn.LogSigmoid), computed stably."""
+    return elementwise(F.logsigmoid, "LogSigmoid()")
+
+
+def Softsign() -> Module:
+    """x / (1 + |x|) (torch.nn.Softsign)."""
+    return elementwise(F.softsign, "Softsign()")
+
+
+def Tanhshrink() -> Module:
+    """x - tanh(x) (torch.nn.Tanhshrink)."""
+    return elementwise(F.tanhshrink, "Tanhshrink()")
+
+
+def Threshold(threshold: float, value: float, inplace: bool = False) -> Module:
+    """x where x > threshold, else value (torch.nn.Threshold)."""
+    t, v = _real(threshold, "threshold", "Threshold"), _real(value, "value", "Threshold")
+    return elementwise(lambda x: F.threshold(x, t, v),
+                       f"Threshold(threshold={t}, value={v}{_flag(inplace, 'Threshold', ', ')})")
+
+
+def GLU(dim: int = -1) -> Module:
+    """a * sigmoid(b) with a, b the halves of the input along ``dim`` (torch.nn.GLU)."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"GLU: dim must be an int, got {dim!r}")
+    return elementwise(lambda x: F.glu(x, dim), f"GLU(dim={dim})")
 
 
 def _softmax_layer(kind: str, dim, fn) -> Module:
-    if dim is None:
-        # torch keeps a legacy rule (dim 0 for inputs of rank 0, 1 or 3, else 1) behind a
-        # deprecation warning: the same layer then normalizes over a different axis when the
-        # input's rank changes, which is a silent bug waiting to happen. Refuse at build time.
-        raise ValueError(
-            f"{kind}(dim=None): the implicit dimension choice is deprecated in torch (it depends on the "
-            f"input's rank); pass dim explicitly, e.g. {kind}(dim=-1) over the last axis (torch's legacy rule "
-            f"would use dim=0 for inputs of rank 0, 1 or 3 and dim=1 otherwise)")
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{kind}: dim must be an int, got {dim!r}")
+    dim = _check_dim(dim, kind)
+    name = f"{kind}(dim={dim})"
 
     def apply(params, x, *, key=None, train=False):
         del params, key, train
-        x = jnp.asarray(x)
-        rank = max(x.ndim, 1)  # torch treats a 0-d input as having one axis (dim 0 or -1)
-        if not -rank <= dim < rank:
-            raise ValueError(f"{kind}(dim={dim}): input of shape {tuple(x.shape)} has {x.ndim} dimensions, "
-                             f"expected dim in [{-rank}, {rank - 1}]; pass a dim the input has")
-        # in float32 for 16-bit inputs (torch autocast runs softmax/log_softmax in float32); the
-        # result comes back in the input's dtype
-        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        if x.ndim == 0:
-            return fn(wide[None], axis=0)[0].astype(x.dtype)
-        return fn(wide, axis=dim).astype(x.dtype)
+        return _softmax_family(x, dim, None, fn, kind, where=name)
 
-    return Module(_no_params, apply, name=f"{kind}(dim={dim})")
+    return Module(_no_params, apply, name=name)
 
 
 def Softmax(dim: int | None = None) -> Module:
@@ -141,3 +234,23 @@ def LogSoftmax(dim: int | None = None) -> Module:
     """x - logsumexp(x) along ``dim`` (torch.nn.LogSoftmax). ``dim=None`` is refused as in
     ``Softmax``."""
     return _softmax_layer("LogSoftmax", dim, jax.nn.log_softmax)
+
+
+def Softmin(dim: int | None = None) -> Module:
+    """softmax(-x) along ``dim`` (torch.nn.Softmin). ``dim=None`` is refused as in ``Softmax``."""
+    return _softmax_layer("Softmin", dim, lambda v, axis: jax.nn.softmax(-v, axis=axis))
+
+
+def Softmax2d() -> Module:
+    """Softmax over the channels of ``(N, C, H, W)`` or ``(C, H, W)`` (torch.nn.Softmax2d: dim -3)."""
+    name = "Softmax2d()"
+
+    def apply(params, x, *, key=None, train=False):
+        del params, key, train
+        x = jnp.asarray(x)
+        if x.ndim not in (3, 4):
+            raise ValueError(f"Softmax2d: expected a 3D (C, H, W) or 4D (N, C, H, W) input, got shape "
+                             f"{tuple(x.shape)}; for other ranks use Softmax(dim=...)")
+        return _softmax_family(x, -3, None, jax.nn.softmax, "Softmax2d", where=name)
+
+    return Module(_no_params, apply, name=name)

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import init as _init
+from funcnet.nn.functional._common import float_dtype
+from funcnet.nn.functional.attention import attention
 from funcnet.nn.module import Module, check_params, describe
 
 __all__ = ["MultiheadAttention"]
@@ -25,10 +27,11 @@ def MultiheadAttention(
     vdim: int | None = None,
     batch_first: bool = False,
     *,
-    dtype=jnp.float32,
+    dtype=None,
 ) -> Module:
     """softmax(q k^T / sqrt(head_dim) + mask) v over ``num_heads`` heads, then ``out_proj``
-    (torch.nn.MultiheadAttention).
+    (torch.nn.MultiheadAttention); the attention core is ``funcnet.nn.functional``'s, and the
+    params' dtype defaults to JAX's default float (float64 under x64).
 
     params, in torch's order and layout (E = embed_dim):
 
@@ -81,22 +84,23 @@ def MultiheadAttention(
     E, H = embed_dim, num_heads
 
     def init(key):
+        dtype_ = float_dtype(dtype)
         k_q, k_k, k_v, k_out, k_bk, k_bv = jax.random.split(key, 6)
         params = {}
         if packed:
-            params["in_proj_weight"] = _init.xavier_uniform(k_q, (3 * E, E), dtype)
+            params["in_proj_weight"] = _init.xavier_uniform(k_q, (3 * E, E), dtype_)
         else:
-            params["q_proj_weight"] = _init.xavier_uniform(k_q, (E, E), dtype)
-            params["k_proj_weight"] = _init.xavier_uniform(k_k, (E, kdim), dtype)
-            params["v_proj_weight"] = _init.xavier_uniform(k_v, (E, vdim), dtype)
+            params["q_proj_weight"] = _init.xavier_uniform(k_q, (E, E), dtype_)
+            params["k_proj_weight"] = _init.xavier_uniform(k_k, (E, kdim), dtype_)
+            params["v_proj_weight"] = _init.xavier_uniform(k_v, (E, vdim), dtype_)
         if bias:
-            params["in_proj_bias"] = jnp.zeros((3 * E,), dtype)
+            params["in_proj_bias"] = jnp.zeros((3 * E,), dtype_)
         if add_bias_kv:
-            params["bias_k"] = _init.xavier_normal(k_bk, (1, 1, E), dtype)
-            params["bias_v"] = _init.xavier_normal(k_bv, (1, 1, E), dtype)
-        params["out_proj"] = {"weight": _init.linear_weight(k_out, (E, E), dtype)}
+            params["bias_k"] = _init.xavier_normal(k_bk, (1, 1, E), dtype_)
+            params["bias_v"] = _init.xavier_normal(k_bv, (1, 1, E), dtype_)
+        params["out_proj"] = {"weight": _init.linear_weight(k_out, (E, E), dtype_)}
         if bias:
-            params["out_proj"]["bias"] = jnp.zeros((E,), dtype)
+            params["out_proj"]["bias"] = jnp.zeros((E,), dtype_)
         return params
 
     expected = ({"in_proj_weight"} if packed else {"q_proj_weight", "k_proj_weight", "v_proj_weight"}) | \
@@ -163,28 +167,20 @@ def MultiheadAttention(
         src_len = k.shape[2]
         pad = src_len - S  # the added key columns (bias_k, zero attention): masked nowhere, as torch pads
 
-        scores = (q * math.sqrt(1.0 / head_dim)) @ k.swapaxes(-1, -2)  # (N, H, L, src_len)
+        bias_mask = None
         if attn_mask is not None:
-            scores = scores + jnp.pad(attn_mask, [(0, 0)] * 3 + [(0, pad)])
+            bias_mask = jnp.pad(attn_mask, [(0, 0)] * 3 + [(0, pad)])
         if key_padding_mask is not None:
-            scores = scores + jnp.pad(key_padding_mask, [(0, 0), (0, pad)])[:, None, None, :]
-        if causal:
-            # scaled_dot_product_attention's is_causal: query i sees keys j <= i (top-left aligned)
-            allowed = jnp.tril(jnp.ones((L, src_len), bool))
-            scores = jnp.where(allowed, scores, -jnp.inf)
-        # softmax statistics in float32 for 16-bit inputs, as torch autocast runs softmax in float32
-        wide = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
-        weights = jax.nn.softmax(wide, axis=-1) if need_weights else _softmax_zero_if_all_masked(wide)
-        weights = weights.astype(scores.dtype)
-        if train and dropout > 0.0:
-            if key is None:
-                raise ValueError(f"{name} in train mode drops attention weights and needs a PRNG key: call "
-                                 f"apply(params, q, k, v, key=jax.random.key(seed), train=True) (the keyword key= "
-                                 f"is the PRNG key; the key sequence is the second positional input), or pass "
-                                 f"train=False")
-            keep = jax.random.bernoulli(key, 1.0 - dropout, weights.shape)
-            weights = jnp.where(keep, weights / (1.0 - dropout), 0.0).astype(weights.dtype)
-        out = weights @ v  # (N, H, L, head_dim)
+            padding = jnp.pad(key_padding_mask, [(0, 0), (0, pad)])[:, None, None, :]
+            bias_mask = padding if bias_mask is None else bias_mask + padding
+        if train and dropout > 0.0 and key is None:
+            raise ValueError(f"{name} in train mode drops attention weights and needs a PRNG key: call "
+                             f"apply(params, q, k, v, key=jax.random.key(seed), train=True) (the keyword key= "
+                             f"is the PRNG key; the key sequence is the second positional input), or pass "
+                             f"train=False")
+        out, weights = attention(q, k, v, bias_mask, causal=causal, scale=math.sqrt(1.0 / head_dim),
+                                 dropout_p=dropout if train else 0.0, key=key, need_weights=need_weights,
+                                 where=name)  # (N, H, L, head_dim)
         out = out.transpose(2, 0, 1, 3).reshape(L, N, E)
         out = out @ params["out_proj"]["weight"].T
         if bias:
@@ -239,14 +235,3 @@ def _as_bias(name, what, mask, shapes, dtype, expected_text):
     if mask.dtype == jnp.bool_:
         return jnp.where(mask, -jnp.inf, 0.0).astype(dtype)
     return mask.astype(dtype)
-
-
-def _softmax_zero_if_all_masked(scores):
-    # torch's scaled_dot_product_attention gives a zero output for a query row whose keys are all
-    # masked (-inf), where a plain softmax gives NaN; the max is held out of the gradient, as the
-    # softmax's value does not depend on it.
-    m = jax.lax.stop_gradient(jnp.max(scores, axis=-1, keepdims=True))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    e = jnp.exp(scores - m)
-    total = jnp.sum(e, axis=-1, keepdims=True)
-    return e / jnp.where(total == 0, 1.0, total)

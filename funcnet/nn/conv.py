@@ -3,9 +3,9 @@
 Layouts are torch's: activations channels-first ``(N, C, *spatial)`` (or unbatched
 ``(C, *spatial)``), weights ``(out, in/groups, *kernel)`` for a convolution and
 ``(in, out/groups, *kernel)`` for a transposed one, so a torch ``state_dict`` loads with no
-renaming. The math is one ``jax.lax.conv_general_dilated`` at ``Precision.HIGHEST`` (the
-default precision may run float32 through bfloat16 passes on accelerators, and torch's CPU
-kernels do not). Default init is torch's ``reset_parameters``: weight
+renaming. The math is ``funcnet.nn.functional.conv2d`` etc. (one
+``jax.lax.conv_general_dilated`` at ``Precision.HIGHEST``); a padding mode other than zeros
+pads first, as torch's ``_conv_forward``. Default init is torch's ``reset_parameters``: weight
 ``kaiming_uniform(a=sqrt(5))`` = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias the same bound,
 with ``fan_in = weight.shape[1] * prod(kernel)`` (torch computes it from the weight as
 laid out, so a transposed convolution's fan_in counts ``out/groups``).
@@ -20,52 +20,21 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import init as _init
+from funcnet.nn.functional import conv as _F
+from funcnet.nn.functional._common import float_dtype, ntuple
 from funcnet.nn.module import Module
 
 __all__ = ["Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
-_SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
-_SHAPES = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
 _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 _JNP_PAD_MODE = {"reflect": "reflect", "replicate": "edge", "circular": "wrap"}
-
-
-def _ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...]:
-    """``value`` (an int or a sequence of ``n`` ints, each >= minimum) as an n-tuple."""
-    values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
-    try:
-        values = tuple(values)
-    except TypeError:
-        values = None
-    if (values is None or len(values) != n
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
-        raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
-    return values
+_ntuple = ntuple  # pooling's name for it
 
 
 def _check_channels(value, what: str, where: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{where}: {what} must be a positive int, got {value!r}")
     return value
-
-
-def _as_batched(x, n: int, in_channels: int, name: str):
-    """x as ``(N, C, *spatial)`` and whether it came unbatched; checks rank and channels."""
-    x = jnp.asarray(x)
-    if x.ndim not in (n + 1, n + 2):
-        raise ValueError(
-            f"{name}: expected a {n + 1}D (unbatched) input {_SHAPES[n].replace('N, ', '')} or a {n + 2}D "
-            f"(batched) input {_SHAPES[n]}, got shape {tuple(x.shape)}; reshape the input to {_SHAPES[n]}")
-    unbatched = x.ndim == n + 1
-    if unbatched:
-        x = x[None]
-    if x.shape[1] != in_channels:
-        axis = 0 if unbatched else 1
-        raise ValueError(
-            f"{name}: input of shape {tuple(x.shape[1:] if unbatched else x.shape)} has {x.shape[1]} channels "
-            f"in axis {axis}, expected in_channels={in_channels}; the layout is channels-first {_SHAPES[n]} as "
-            f"torch's (a channels-last batch needs jnp.moveaxis(x, -1, 1))")
-    return x, unbatched
 
 
 def _repr(cls: str, in_channels, out_channels, kernel, stride, padding, dilation, output_padding, groups, bias,
@@ -105,26 +74,12 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
         raise ValueError(f"{cls}: padding_mode must be one of {_PADDING_MODES}, got {padding_mode!r}")
     if transposed and padding_mode != "zeros":
         raise ValueError(f"{cls}: only padding_mode='zeros' is supported (as in torch), got {padding_mode!r}")
-    if isinstance(padding, str):
-        if transposed or padding not in ("same", "valid"):
-            allowed = "an int or a tuple of ints" if transposed else "'same', 'valid', an int or a tuple of ints"
-            raise ValueError(f"{cls}: padding must be {allowed}, got {padding!r}")
-        if padding == "same" and stride != (1,) * n:
-            raise ValueError(f"{cls}: padding='same' needs stride=1 (as in torch), got stride={stride}; pad "
-                             f"explicitly, e.g. padding={tuple(d * (k - 1) // 2 for d, k in zip(dilation, kernel))}")
-        shown_padding = padding
-        # torch's 'same': total d*(k-1), the odd extra element on the right/bottom
-        pads = tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) if padding == "same" else (0, 0)
-                     for d, k in zip(dilation, kernel))
-    else:
-        shown_padding = _ntuple(padding, n, "padding", cls, 0)
-        pads = tuple((p, p) for p in shown_padding)
+    shown_padding, pads = _F.padding_pairs(padding, n, kernel, stride, dilation, cls, transposed)
     out_pad = _ntuple(output_padding, n, "output_padding", cls, 0) if transposed else (0,) * n
     for op, s, d in zip(out_pad, stride, dilation):
         if op >= s and op >= d:
             raise ValueError(f"{cls}: output_padding={out_pad} must be smaller than either stride={stride} or "
                              f"dilation={dilation} in each dimension (as in torch)")
-    dtype = jnp.float32 if dtype is None else dtype
     if transposed:
         weight_shape = (in_channels, out_channels // groups, *kernel)
     else:
@@ -132,72 +87,36 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
     fan_in = weight_shape[1] * math.prod(kernel)
     name = _repr(cls, in_channels, out_channels, kernel, stride, shown_padding, dilation, out_pad, groups, bias,
                  padding_mode)
-    spatial = _SPATIAL[n]
-    dimension_numbers = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
 
     def init_fn(key):
+        dt = float_dtype(dtype)
         wkey, bkey = jax.random.split(key)
-        params = {"weight": weight_init(wkey, weight_shape, dtype)}
+        params = {"weight": weight_init(wkey, weight_shape, dt)}
         if bias:
-            params["bias"] = (_init.linear_bias(bkey, (out_channels,), dtype, fan_in=fan_in) if bias_init is None
-                              else bias_init(bkey, (out_channels,), dtype))
+            params["bias"] = (_init.linear_bias(bkey, (out_channels,), dt, fan_in=fan_in) if bias_init is None
+                              else bias_init(bkey, (out_channels,), dt))
         return params
 
     def apply(params, x, *, key=None, train=False):
         del key, train
-        x, unbatched = _as_batched(x, n, in_channels, name)
-        sizes = x.shape[2:]
-        # every shape check before any work on the params
         if transposed:
-            out = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, out_pad))
-            if min(out) < 1:
-                raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}; "
-                                 f"padding={shown_padding} crops more than the output has, lower it")
-        else:
-            pad_first = padding_mode != "zeros" and any(lo or hi for lo, hi in pads)
-            if pad_first and padding_mode != "replicate":
+            return _F.conv_transpose(x, params["weight"], params.get("bias"), n, stride,
+                                     tuple(p for p, _ in pads), out_pad, groups, dilation, name)
+        if padding_mode != "zeros" and any(lo or hi for lo, hi in pads):
+            x, unbatched = _F.as_batched(x, n, in_channels, name)
+            sizes = x.shape[2:]
+            if padding_mode != "replicate":
                 limit = (lambda size: size) if padding_mode == "circular" else (lambda size: size - 1)
                 for size, (lo, hi) in zip(sizes, pads):
                     if max(lo, hi) > limit(size):
                         raise ValueError(
                             f"{name}: padding {(lo, hi)} is too large for padding_mode={padding_mode!r} on an "
-                            f"input of spatial size {tuple(sizes)}: it must be at most {limit(size)} there")
-            padded = tuple(s + lo + hi for s, (lo, hi) in zip(sizes, pads))
-            span = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
-            if any(p < k for p, k in zip(padded, span)):
-                raise ValueError(
-                    f"{name}: padded input size per channel {padded} is smaller than the (dilated) kernel size "
-                    f"{span}; the kernel can't be greater than the input: use a larger input, more padding "
-                    f"or padding='same'")
-        w = params["weight"]
-        dt = jnp.result_type(x, w)
-        x, w = x.astype(dt), w.astype(dt)
-        if transposed:
-            # The gradient of a strided convolution: dilate the input by stride, pad each side by
-            # d*(k-1) - padding (+ output_padding after), and convolve with the kernel flipped and
-            # its in/out axes swapped within each group.
-            w = w.reshape(groups, in_channels // groups, out_channels // groups, *kernel)
-            w = jnp.swapaxes(w, 1, 2).reshape(out_channels, in_channels // groups, *kernel)
-            w = jnp.flip(w, axis=tuple(range(2, n + 2)))
-            conv_pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
-                         for d, k, (p, _), op in zip(dilation, kernel, pads, out_pad)]
-            y = jax.lax.conv_general_dilated(
-                x, w, window_strides=(1,) * n, padding=conv_pads, lhs_dilation=stride, rhs_dilation=dilation,
-                dimension_numbers=dimension_numbers, feature_group_count=groups,
-                precision=jax.lax.Precision.HIGHEST)
-        else:
-            conv_pads = list(pads)
-            if pad_first:
-                x = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=_JNP_PAD_MODE[padding_mode])
-                conv_pads = [(0, 0)] * n
-            y = jax.lax.conv_general_dilated(
-                x, w, window_strides=stride, padding=conv_pads, rhs_dilation=dilation,
-                dimension_numbers=dimension_numbers, feature_group_count=groups,
-                precision=jax.lax.Precision.HIGHEST)
-        if "bias" in params:
-            y = y + params["bias"].astype(dt).reshape((-1,) + (1,) * n)
-        return y[0] if unbatched else y
+                            f"input of shape {tuple(x.shape[1:] if unbatched else x.shape)} (spatial size "
+                            f"{tuple(sizes)}): it must be at most {limit(size)} there")
+            x = jnp.pad(x, [(0, 0), (0, 0), *pads], mode=_JNP_PAD_MODE[padding_mode])
+            y = _F.conv(x, params["weight"], params.get("bias"), n, stride, ((0, 0),) * n, dilation, groups, name)
+            return y[0] if unbatched else y
+        return _F.conv(x, params["weight"], params.get("bias"), n, stride, pads, dilation, groups, name)
 
     return Module(init_fn, apply, name=name)
 
@@ -228,7 +147,7 @@ def Conv2d(in_channels: int, out_channels: int, kernel_size, stride=1, padding=0
     only; an odd total goes to the right/bottom, as torch). ``padding_mode``: ``"zeros"``,
     ``"reflect"``, ``"replicate"`` or ``"circular"``. ``groups``: ``in_channels`` and
     ``out_channels`` split into that many independent convolutions (``groups=in_channels`` is
-    depthwise). ``dtype``: of the params (default float32). ``weight_init``/``bias_init``
+    depthwise). ``dtype``: of the params (default: JAX's default float, float64 under x64). ``weight_init``/``bias_init``
     replace torch's default init (``init(key, shape, dtype)``).
     """
     return _build(2, False, in_channels, out_channels, kernel_size, stride, padding, 0, groups, bias, dilation,

@@ -1,40 +1,24 @@
-"""Dropout layers, as torch.nn's: identity in eval mode, a PRNG key in train mode.
+"""Dropout layers, as torch.nn's (and torchvision's StochasticDepth): identity in eval mode,
+a PRNG key in train mode. The math is ``funcnet.nn.functional``'s dropout / stochastic_depth.
 
 ``inplace=`` is accepted and only changes the name (JAX arrays are immutable).
 """
 
 from __future__ import annotations
 
-import numbers
 
-import jax
 import jax.numpy as jnp
 
 from funcnet.nn.activation import _no_params
+from funcnet.nn.functional import misc as _F
+from funcnet.nn.functional.misc import _check_p, drop, need_key
 from funcnet.nn.module import Module
 
-__all__ = ["Dropout", "Dropout2d"]
-
-
-def _check_p(p, kind: str) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"{kind}: p is the drop probability and must be in [0, 1], got {p!r}")
-    return p
+__all__ = ["Dropout", "Dropout2d", "StochasticDepth"]
 
 
 def _need_key(key, kind: str, p: float) -> None:
-    if key is None:
-        raise ValueError(
-            "%s(p=%g) in train mode needs a PRNG key: call apply(params, x, key=k, train=True) "
-            "with k = jax.random.key(seed) (split a fresh one each step), or pass train=False" % (kind, p))
-
-
-def _drop(x, key, p: float, mask_shape):
-    # a mask of mask_shape, broadcast over x: 1 / (1 - p) where kept, 0 where dropped
-    if p == 1.0:
-        return jnp.zeros_like(x)
-    keep = jax.random.bernoulli(key, 1.0 - p, mask_shape)
-    return jnp.where(keep, x / (1.0 - p), jnp.zeros_like(x))
+    need_key(key, f"{kind}(p={p:g})")
 
 
 def Dropout(p: float = 0.5, inplace: bool = False) -> Module:
@@ -51,7 +35,7 @@ def Dropout(p: float = 0.5, inplace: bool = False) -> Module:
         if not train or p == 0.0:
             return x
         _need_key(key, "Dropout", p)
-        return _drop(x, key, p, jnp.shape(x))
+        return drop(x, key, p, jnp.shape(x))
 
     return Module(_no_params, apply, name=f"Dropout(p={p}, inplace={inplace})")
 
@@ -78,6 +62,22 @@ def Dropout2d(p: float = 0.5, inplace: bool = False) -> Module:
         if not train or p == 0.0:
             return x
         _need_key(key, "Dropout2d", p)
-        return _drop(x, key, p, shape[:-2] + (1, 1))
+        return drop(x, key, p, shape[:-2] + (1, 1))
 
     return Module(_no_params, apply, name=f"Dropout2d(p={p}, inplace={inplace})")
+
+
+def StochasticDepth(p: float, mode: str) -> Module:
+    """torchvision.ops.StochasticDepth: in training, drop the whole residual branch's output
+    (``mode="batch"``) or each example's (``mode="row"``) with probability ``p``, scaling what is
+    kept by ``1 / (1 - p)``; identity when ``train=False``. ``train=True`` needs ``key``."""
+    _F.check_stochastic_depth(p, mode, "StochasticDepth")
+    name = f"StochasticDepth(p={p}, mode={mode})"
+
+    def apply(params, x, *, key=None, train=False):
+        del params
+        if train and p > 0.0:
+            need_key(key, name)
+        return _F.stochastic_depth(x, p, mode, training=train, key=key)
+
+    return Module(_no_params, apply, name=name)

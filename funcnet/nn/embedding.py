@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numbers
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from funcnet import init as _init
-from funcnet.nn.module import Module, check_params, describe
+from funcnet.nn.functional._common import float_dtype
+from funcnet.nn.functional.misc import embedding_
+from funcnet.nn.module import Module, check_params
 
 __all__ = ["Embedding"]
 
@@ -20,7 +20,8 @@ def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int | None =
     """``weight[indices]`` (torch.nn.Embedding): indices ``(*)`` int -> ``(*, embedding_dim)``.
 
     params: ``{"weight": (num_embeddings, embedding_dim)}``, N(0, 1) at init as torch's
-    ``reset_parameters``; ``dtype`` defaults to float32.
+    ``reset_parameters``; ``dtype`` defaults to JAX's default float (float64 under x64).
+    The lookup is ``funcnet.nn.functional.embedding``.
 
     ``padding_idx`` (negative counts from the end, as torch): that row is zero at init and
     gets no gradient, so it stays at whatever value it has (torch's behaviour); its
@@ -62,12 +63,11 @@ def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int | None =
     if sparse is not False:
         raise ValueError(f"{where}: sparse={sparse!r} is not supported (JAX gradients are dense); pass "
                          f"sparse=False, which gives the same gradient values as a dense tensor")
-    dtype = jnp.float32 if dtype is None else dtype
-    if not jnp.issubdtype(dtype, jnp.floating):
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{where}: dtype must be a floating type, got {dtype!r}")
 
     def init_fn(key):
-        weight = _init.normal(key, (num_embeddings, embedding_dim), dtype)
+        weight = _init.normal(key, (num_embeddings, embedding_dim), float_dtype(dtype))
         if padding_idx is not None:
             weight = weight.at[padding_idx].set(0)
         return {"weight": weight}
@@ -79,23 +79,7 @@ def Embedding(num_embeddings: int, embedding_dim: int, padding_idx: int | None =
         if tuple(jnp.shape(weight)) != (num_embeddings, embedding_dim):
             raise ValueError(f"{where}: params['weight'] has shape {tuple(jnp.shape(weight))}, expected "
                              f"{(num_embeddings, embedding_dim)}; pass this layer's params")
-        dt = jnp.result_type(indices)
-        if not jnp.issubdtype(dt, jnp.integer):
-            raise TypeError(f"{where}: indices must be integers, got {describe(indices)}; pass "
-                            f"indices.astype(jnp.int32)")
-        if not isinstance(indices, jax.core.Tracer):
-            host = np.asarray(indices)
-            bad = host[(host < 0) | (host >= num_embeddings)]
-            if bad.size:
-                raise ValueError(f"{where}: indices {np.unique(bad)[:8].tolist()} are out of range, expected "
-                                 f"indices in [0, {num_embeddings - 1}]; check the tokenizer/vocabulary size")
-        indices = jnp.asarray(indices)
-        if padding_idx is not None:
-            # the padding row's value passes through, its gradient does not (torch's embedding_backward)
-            weight = weight.at[padding_idx].set(jax.lax.stop_gradient(weight[padding_idx]))
-        valid = (indices >= 0) & (indices < num_embeddings)
-        rows = jnp.take(weight, jnp.where(valid, indices, 0), axis=0)
-        return jnp.where(valid[..., None], rows, jnp.asarray(jnp.nan, weight.dtype))
+        return embedding_(indices, weight, padding_idx, where)
 
     extra = f", padding_idx={padding_idx}" if padding_idx is not None else ""
     extra += f", norm_type={norm_type}" if norm_type != 2 else ""

@@ -10,6 +10,8 @@ import jax.numpy as jnp
 
 from funcnet import init as _init
 from funcnet.nn.activation import _no_params
+from funcnet.nn.functional._common import float_dtype
+from funcnet.nn.functional.linear import _linear
 from funcnet.nn.module import Module
 
 __all__ = ["Linear", "Flatten", "Unflatten"]
@@ -22,43 +24,37 @@ def Linear(
     *,
     weight_init: Callable = _init.linear_weight,
     bias_init: Callable | None = None,
-    dtype=jnp.float32,
+    dtype=None,
 ) -> Module:
     """y = x @ weight.T + bias, as torch.nn.Linear.
 
     params: ``{"weight": (out, in), "bias": (out,)}``; x: ``(..., in)`` -> ``(..., out)``.
-    Default init is torch's (``init.linear_weight`` / ``init.linear_bias``).
+    Default init is torch's (``init.linear_weight`` / ``init.linear_bias``); ``dtype`` of the
+    params defaults to JAX's default float (float64 under x64).
     """
     for name, value in (("in_features", in_features), ("out_features", out_features)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"Linear: {name} must be a positive int, got {value!r}")
 
     def init_fn(key):
+        dt = float_dtype(dtype)
         wkey, bkey = jax.random.split(key)
-        params = {"weight": weight_init(wkey, (out_features, in_features), dtype)}
+        params = {"weight": weight_init(wkey, (out_features, in_features), dt)}
         if bias:
             if bias_init is None:
-                params["bias"] = _init.linear_bias(bkey, (out_features,), dtype, fan_in=in_features)
+                params["bias"] = _init.linear_bias(bkey, (out_features,), dt, fan_in=in_features)
             else:
-                params["bias"] = bias_init(bkey, (out_features,), dtype)
+                params["bias"] = bias_init(bkey, (out_features,), dt)
         return params
+
+    name = f"Linear(in_features={in_features}, out_features={out_features}, bias={bias})"
 
     def apply(params, x, *, key=None, train=False):
         del key, train
-        x = jnp.asarray(x)
-        if x.ndim == 0 or x.shape[-1] != in_features:
-            raise ValueError(
-                f"Linear({in_features}, {out_features}): input of shape {tuple(x.shape)} has "
-                f"{x.shape[-1] if x.ndim else 'no'} features in its last axis, expected {in_features}; "
-                f"reshape the input to (..., {in_features}) (nn.Flatten() flattens images)"
-            )
-        y = x @ params["weight"].T
-        if "bias" in params:
-            y = y + params["bias"]
-        return y
+        return _linear(x, params["weight"], params.get("bias"), f"Linear({in_features}, {out_features})",
+                       " (nn.Flatten() flattens images)")
 
-    return Module(init_fn, apply, name=f"Linear(in_features={in_features}, out_features={out_features}, "
-                                       f"bias={bias})")
+    return Module(init_fn, apply, name=name)
 
 
 def Flatten(start_dim: int = 1, end_dim: int = -1) -> Module:

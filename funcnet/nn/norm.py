@@ -8,98 +8,29 @@ advances the running ones, eval mode reads them and returns the state unchanged.
 Mixed precision: a bfloat16/float16 input is normalized in float32 (mean, variance and the
 affine transform) and the result is cast back to the input's dtype: torch's autocast runs
 layer_norm and group_norm in float32, and its batch_norm kernels accumulate half inputs in
-float32. Running statistics keep their own dtype (float32 by default).
+float32. Running statistics keep their own dtype. Params and running statistics are built in
+``dtype``, by default JAX's default float (float64 under x64). The math is
+``funcnet.nn.functional``'s layer_norm / group_norm / batch_norm.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
+from funcnet.nn.functional import norm as _F
+from funcnet.nn.functional._common import float_dtype
+from funcnet.nn.functional.norm import _check_eps, _check_floating, _check_positive_int, _compute_dtype
 from funcnet.nn.module import Module, check_params, describe, require_state
 
 __all__ = ["LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
 
 
-def _compute_dtype(dtype) -> jnp.dtype:
-    # float16/bfloat16 statistics in float32 (torch autocast's float32 list); float64 stays float64.
-    return jnp.promote_types(dtype, jnp.float32)
-
-
-def _check_floating(x, where: str):
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"{where}: input has dtype {x.dtype}, expected a floating dtype; cast it "
-                        f"(x.astype(jnp.float32))")
-    return x
-
-
-def _check_eps(eps, where: str) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0 or math.isinf(eps):
-        raise ValueError(f"{where}: eps must be a finite float >= 0, got {eps!r}")
-    return float(eps)
-
-
-def _check_positive_int(value, name: str, where: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{where}: {name} must be a positive int, got {value!r}")
-    return value
-
-
-def _affine(xhat, params, shape, cdt):
-    # weight/bias broadcast as `shape` (trailing-aligned for LayerNorm, (C, 1, ...) for the others)
-    if "weight" in params:
-        xhat = xhat * params["weight"].astype(cdt).reshape(shape)
-    if "bias" in params:
-        xhat = xhat + params["bias"].astype(cdt).reshape(shape)
-    return xhat
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4, 5))
-def _normalize(h, weight, bias, axes, shape, eps):
-    """``((h - mean) / sqrt(var + eps) * weight + bias, mean, var)``: the mean and biased variance
-    over ``axes`` (two passes, as torch), ``weight``/``bias`` (or None) broadcast as ``shape``.
-
-    Differentiated by the closed form torch's norm kernels use rather than through the two
-    reductions: the tangent is ``weight * rstd * (dh - mean(dh) - xhat * mean(dh * xhat))``
-    (+ ``dweight * xhat + dbias``), whose transpose, the gradient, is one pass for
-    ``sum(g)`` and ``sum(g * xhat)`` and one elementwise pass, where autodiff of the
-    statistics gives more of both (XLA:CPU: the ConvNet's train step 1.04-1.05x faster; the
-    GPT's LayerNorm measured no faster this way, so LayerNorm keeps plain autodiff)."""
-    mean = jnp.mean(h, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(h - mean), axis=axes, keepdims=True)
-    y = (h - mean) * jax.lax.rsqrt(var + eps)
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    if bias is not None:
-        y = y + bias.reshape(shape)
-    return y, jnp.squeeze(mean, axes), jnp.squeeze(var, axes)
-
-
-@_normalize.defjvp
-def _normalize_jvp(axes, shape, eps, primals, tangents):
-    (h, weight, bias), (dh, dweight, dbias) = primals, tangents
-    y, mean, var = _normalize(h, weight, bias, axes, shape, eps)
-    rstd = jax.lax.rsqrt(jnp.expand_dims(var, axes) + eps)
-    xhat = (h - jnp.expand_dims(mean, axes)) * rstd
-    dmean = jnp.mean(dh, axis=axes, keepdims=True)
-    dcorr = jnp.mean(dh * xhat, axis=axes, keepdims=True)
-    scale = rstd if weight is None else rstd * weight.reshape(shape)
-    dy = scale * (dh - dmean - xhat * dcorr)
-    if weight is not None:
-        dy = dy + dweight.reshape(shape) * xhat
-    if bias is not None:
-        dy = dy + dbias.reshape(shape)
-    # d mean = mean(dh); d var = 2 mean((h - mean) dh) = 2 mean(xhat dh) / rstd
-    return (y, mean, var), (dy, jnp.squeeze(dmean, axes), jnp.squeeze(2 * dcorr / rstd, axes))
-
-
 def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
-              bias: bool = True, *, dtype=jnp.float32) -> Module:
+              bias: bool = True, *, dtype=None) -> Module:
     """Normalize over the trailing ``normalized_shape`` axes, as torch.nn.LayerNorm.
 
     ``y = (x - mean) / sqrt(var + eps) * weight + bias`` with the mean and the biased variance
@@ -116,15 +47,14 @@ def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementw
     eps = _check_eps(eps, where)
     has_bias = bool(elementwise_affine and bias)
     name = f"LayerNorm({shape}, eps={eps}, elementwise_affine={elementwise_affine}, bias={has_bias})"
-    axes = tuple(range(-len(shape), 0))
 
     def init(key):
         del key
         params = {}
         if elementwise_affine:
-            params["weight"] = jnp.ones(shape, dtype)
+            params["weight"] = jnp.ones(shape, float_dtype(dtype))
             if has_bias:
-                params["bias"] = jnp.zeros(shape, dtype)
+                params["bias"] = jnp.zeros(shape, float_dtype(dtype))
         return params
 
     expected = (["weight"] if elementwise_affine else []) + (["bias"] if has_bias else [])
@@ -132,23 +62,13 @@ def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementw
     def apply(params, x, *, key=None, train=False):
         del key, train
         check_params(params, expected, name)
-        x = _check_floating(x, name)
-        if x.shape[x.ndim - len(shape):] != shape or x.ndim < len(shape):
-            raise ValueError(f"{name}: input of shape {tuple(x.shape)} does not end in normalized_shape "
-                             f"{shape}; pass (..., {', '.join(map(str, shape))}) or build the layer with "
-                             f"normalized_shape={tuple(x.shape[-len(shape):])}")
-        cdt = _compute_dtype(x.dtype)
-        h = x.astype(cdt)
-        mean = jnp.mean(h, axis=axes, keepdims=True)
-        var = jnp.mean(jnp.square(h - mean), axis=axes, keepdims=True)
-        y = (h - mean) * jax.lax.rsqrt(var + eps)
-        return _affine(y, params, shape, cdt).astype(x.dtype)
+        return _F.layer_norm_(x, shape, params.get("weight"), params.get("bias"), eps, name)
 
     return Module(init, apply, name=name)
 
 
 def GroupNorm(num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, *, bias: bool = True,
-              dtype=jnp.float32) -> Module:
+              dtype=None) -> Module:
     """Normalize each example over groups of channels, as torch.nn.GroupNorm.
 
     The ``num_channels`` channels split into ``num_groups`` groups of consecutive channels;
@@ -172,9 +92,9 @@ def GroupNorm(num_groups: int, num_channels: int, eps: float = 1e-5, affine: boo
         del key
         params = {}
         if affine:
-            params["weight"] = jnp.ones((num_channels,), dtype)
+            params["weight"] = jnp.ones((num_channels,), float_dtype(dtype))
             if has_bias:
-                params["bias"] = jnp.zeros((num_channels,), dtype)
+                params["bias"] = jnp.zeros((num_channels,), float_dtype(dtype))
         return params
 
     expected = (["weight"] if affine else []) + (["bias"] if has_bias else [])
@@ -182,16 +102,7 @@ def GroupNorm(num_groups: int, num_channels: int, eps: float = 1e-5, affine: boo
     def apply(params, x, *, key=None, train=False):
         del key, train
         check_params(params, expected, name)
-        x = _check_floating(x, name)
-        if x.ndim < 2 or x.shape[1] != num_channels:
-            raise ValueError(f"{name}: input of shape {tuple(x.shape)} must be (N, {num_channels}, *) with the "
-                             f"channels in axis 1 (torch's layout); transpose channels-last inputs to NC...")
-        cdt = _compute_dtype(x.dtype)
-        h = x.astype(cdt).reshape((x.shape[0], num_groups, -1))
-        mean = jnp.mean(h, axis=-1, keepdims=True)
-        var = jnp.mean(jnp.square(h - mean), axis=-1, keepdims=True)
-        y = ((h - mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
-        return _affine(y, params, (num_channels,) + (1,) * (x.ndim - 2), cdt).astype(x.dtype)
+        return _F.group_norm_(x, num_groups, params.get("weight"), params.get("bias"), eps, name, num_channels)
 
     return Module(init, apply, name=name)
 
@@ -232,13 +143,14 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
         del key
         params = {}
         if affine:
-            params["weight"] = jnp.ones((C,), dtype)
+            params["weight"] = jnp.ones((C,), float_dtype(dtype))
             if has_bias:
-                params["bias"] = jnp.zeros((C,), dtype)
+                params["bias"] = jnp.zeros((C,), float_dtype(dtype))
         return params
 
     def init_state():
-        return {"running_mean": jnp.zeros((C,), dtype), "running_var": jnp.ones((C,), dtype),
+        dt = float_dtype(dtype)
+        return {"running_mean": jnp.zeros((C,), dt), "running_var": jnp.ones((C,), dt),
                 "num_batches_tracked": jnp.zeros((), _counter_dtype())}
 
     def check_input(x):
@@ -291,15 +203,15 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
                                  f"shape {tuple(x.shape)}; use a batch of at least 2 (or eval mode, train=False)")
             size = global_batch(train)
             if size is None:  # biased batch mean and variance per channel, n elements behind them
-                y, mean, var = _normalize(h, *(params[k].astype(cdt) if k in params else None
-                                               for k in ("weight", "bias")), axes, bshape, eps)
+                y, mean, var = _F.batch_norm_train(h, *(params[k].astype(cdt) if k in params else None
+                                                        for k in ("weight", "bias")), axes, bshape, eps)
             else:
                 (mean, var), n = global_statistics(h, axes), n * size
         else:
             mean, var = state["running_mean"].astype(cdt), state["running_var"].astype(cdt)
         if y is None:
             y = (h - mean.reshape(bshape)) * jax.lax.rsqrt(var.reshape(bshape) + eps)
-            y = _affine(y, params, bshape, cdt)
+            y = _F._affine(y, params.get("weight"), params.get("bias"), bshape, cdt)
         y = y.astype(x.dtype)
         if not track_running_stats:
             return y
@@ -307,11 +219,8 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
             return y, state
         count = state["num_batches_tracked"] + 1
         factor = 1.0 / count.astype(cdt) if momentum is None else jnp.asarray(momentum, cdt)
-        mean, var = jax.lax.stop_gradient((mean, var))
-        unbiased = var * (n / (n - 1))  # torch's running_var takes the unbiased batch variance
-        rm, rv = state["running_mean"], state["running_var"]
-        new_state = {"running_mean": ((1 - factor) * rm.astype(cdt) + factor * mean).astype(rm.dtype),
-                     "running_var": ((1 - factor) * rv.astype(cdt) + factor * unbiased).astype(rv.dtype),
+        rm, rv = _F.running_update(state["running_mean"], state["running_var"], mean, var, n, factor, cdt)
+        new_state = {"running_mean": rm, "running_var": rv,
                      "num_batches_tracked": count.astype(state["num_batches_tracked"].dtype)}
         return y, new_state
 
@@ -337,14 +246,14 @@ _BATCH_NORM_DOC = """Batch normalization over {layout}, as torch.nn.{kind}.
 
 def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
-                dtype=jnp.float32) -> Module:
+                dtype=None) -> Module:
     return _batch_norm("BatchNorm1d", (2, 3), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
 
 def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
-                dtype=jnp.float32) -> Module:
+                dtype=None) -> Module:
     return _batch_norm("BatchNorm2d", (4,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
@@ -355,7 +264,7 @@ BatchNorm2d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C, H, W)", k
 
 def SyncBatchNorm(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                   track_running_stats: bool = True, *, axis_name: str = "data", bias: bool = True,
-                  dtype=jnp.float32) -> Module:
+                  dtype=None) -> Module:
     """BatchNorm whose train-mode statistics are those of the global batch, as torch.nn.SyncBatchNorm.
 
     Inside ``jax.pmap`` / ``shard_map`` over ``axis_name`` (``make_step(axis_name="data")``),

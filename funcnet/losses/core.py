@@ -1,4 +1,5 @@
-"""Losses with torch.nn.functional's signatures, defaults and reductions, on top of optax.
+"""The losses the training loop uses most: cross_entropy, nll_loss, mse_loss, l1_loss,
+binary_cross_entropy_with_logits, with torch.nn.functional's semantics, on top of optax.
 
 Every loss takes ``reduction="mean" | "sum" | "none"`` (keyword-only here; torch's
 deprecated ``size_average``/``reduce`` are not taken).
@@ -229,7 +230,9 @@ def mse_loss(pred: jax.Array, target: jax.Array, *, reduction: str = "mean") -> 
 def l1_loss(pred: jax.Array, target: jax.Array, *, reduction: str = "mean") -> jax.Array:
     """Absolute error ``|pred - target|``, reduced over all elements; ``F.l1_loss``."""
     _same_shapes(pred, target, "pred,target", "l1_loss")
-    return _reduce(jnp.abs(jnp.asarray(pred) - jnp.asarray(target)), reduction)
+    d = jnp.asarray(pred) - jnp.asarray(target)
+    # torch's gradient is sign(d), 0 where pred == target (jnp.abs has gradient 1 there)
+    return _reduce(d * jax.lax.stop_gradient(jnp.sign(d)), reduction)
 
 
 def binary_cross_entropy_with_logits(input: jax.Array, target: jax.Array, weight: jax.Array | None = None, *,

@@ -1,0 +1,32 @@
+"""Helpers shared by the functional families and the layers: argument checks and the
+dtype rule for parameters."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["float_dtype", "ntuple"]
+
+
+def float_dtype(dtype=None):
+    """The dtype of a layer's parameters and float buffers: ``dtype`` when given, else JAX's
+    default float at the time of the call, as ``jnp.zeros`` chooses it (float64 under
+    ``JAX_ENABLE_X64=1`` / ``jax.enable_x64``, float32 otherwise), so a float64 port builds
+    float64 params throughout."""
+    if dtype is None:
+        return jax.dtypes.canonicalize_dtype(jnp.float64)
+    return jnp.dtype(dtype)
+
+
+def ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...]:
+    """``value`` (an int or a sequence of ``n`` ints, each >= minimum) as an n-tuple."""
+    values = (value,) * n if isinstance(value, int) and not isinstance(value, bool) else value
+    try:
+        values = tuple(values)
+    except TypeError:
+        values = None
+    if (values is None or len(values) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
+        raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
+    return values
