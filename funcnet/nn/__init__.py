@@ -7,6 +7,7 @@ See docs/design.md.
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
+from funcnet.nn import functional, resample
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
@@ -18,6 +19,7 @@ from funcnet.nn.module import *  # noqa: F401,F403
 from funcnet.nn.norm import *  # noqa: F401,F403
 from funcnet.nn.pooling import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
+from funcnet.nn.resample import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer) for name in family.__all__]
+                               attention, transformer, resample) for name in family.__all__]
