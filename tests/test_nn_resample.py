@@ -103,33 +103,42 @@ def test_interpolate_antialias_equals_torch(kwargs, train, dtype):
                     **({"atol": 1e-5} if dtype == "float32" and kwargs["mode"] == "bicubic" else {}))
 
 
+def _apply_plan(x, steps):
+    # interpolate's gathers and weights applied with numpy: the jnp assembly is checked by the
+    # rows above, this sweep checks torch's index math over many shapes without compiling
+    for axis, idx, w in steps:
+        taps = np.take(x, idx, axis=axis)  # (..., out, K, ...)
+        if w is None:
+            x = taps[(slice(None),) * (axis + 1) + (0,)]
+        else:
+            x = np.sum(taps * w.reshape(w.shape + (1,) * (x.ndim - 1 - axis)), axis=axis + 1)
+    return x
+
+
 def test_interpolate_forward_sweep_equals_torch():
-    # forward only (no compile): every mode at every rank it takes, up and down, integer and
-    # non-integer ratios, explicit sizes, align_corners both ways, recompute_scale_factor
+    # every mode at every rank it takes, up and down, integer and non-integer ratios,
+    # explicit sizes, align_corners both ways, recompute_scale_factor, antialias
     rng = np.random.default_rng(2)
     ratios = [dict(scale_factor=2), dict(scale_factor=3), dict(scale_factor=1.7), dict(scale_factor=0.6),
               dict(scale_factor=0.37), dict(scale_factor=2.1), dict(scale_factor=1.7, recompute_scale_factor=True),
-              dict(size=(3, 11, 4))]
+              dict(scale_factor=(1.3, 0.55, 2.5)), dict(size=(3, 11, 4))]
     ranks = {"linear": [3], "bilinear": [4], "bicubic": [4], "trilinear": [5]}
     checked = 0
-    with jax.enable_x64(True):
+    for dtype, tol in (("float64", dict(rtol=1e-12, atol=1e-13)), ("float32", dict(rtol=1e-5, atol=1e-5))):
         for mode in F.resample.MODES:
             for ndim in ranks.get(mode, [3, 4, 5]):
-                x = rng.standard_normal((1, 2, 5, 7, 6)[:ndim])
+                x = rng.standard_normal((1, 2, 5, 7, 6)[:ndim]).astype(dtype)
                 for kw in ratios:
-                    if "size" in kw:
-                        kw = dict(size=kw["size"][:ndim - 2])
+                    kw = {k: v[:ndim - 2] if isinstance(v, tuple) else v for k, v in kw.items()}
                     for align in ([None, True] if mode in ranks else [None]):
                         for aa in ([False, True] if mode in ("bilinear", "bicubic") else [False]):
-                            want = torch.nn.functional.interpolate(torch.tensor(x), mode=mode, align_corners=align,
-                                                                   antialias=aa, **kw).numpy()
-                            got = np.asarray(F.interpolate(jnp.asarray(x), mode=mode, align_corners=align,
-                                                           antialias=aa, **kw))
-                            assert got.shape == want.shape, (mode, ndim, kw, align, aa)
-                            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13,
-                                                       err_msg=f"{mode} {ndim}D {kw} align_corners={align} aa={aa}")
+                            options = dict(mode=mode, align_corners=align, antialias=aa, **kw)
+                            want = torch.nn.functional.interpolate(torch.tensor(x), **options).numpy()
+                            got = _apply_plan(x, F.resample.plan(x.shape, x.dtype, **options))
+                            assert got.shape == want.shape, options
+                            np.testing.assert_allclose(got, want, err_msg=f"{ndim}D {dtype} {options}", **tol)
                             checked += 1
-    assert checked > 150
+    assert checked > 300
 
 
 def test_nearest_is_torchs_not_jax_image_resize():

@@ -245,13 +245,24 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
         raise ValueError(f"{where}: antialias=True needs a 4D input (N, C, H, W), got shape {tuple(x.shape)}")
     if mode not in ("nearest", "nearest-exact") and not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{where}: mode={mode!r} needs a floating input, got dtype {x.dtype}; cast it first")
-    n = x.ndim - 2
-    out, scales = _sizes_and_scales(x.shape[2:], size, scale_factor, mode, recompute_scale_factor, where)
+    for axis, idx, w in plan(x.shape, x.dtype, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                             antialias):
+        x = _resample_axis(x, axis, idx, w)
+    return x
+
+
+def plan(shape, dtype, size=None, scale_factor=None, mode="nearest", align_corners=None,
+         recompute_scale_factor=None, antialias=False, where="interpolate"):
+    """``[(axis, idx, w), ...]``: the gathers and weights ``interpolate`` applies to an input of
+    ``shape`` and ``dtype``, one per spatial axis, last axis first (as torch's separable
+    kernels). ``w`` is None for the nearest modes (a plain gather)."""
+    n = len(shape) - 2
+    out, scales = _sizes_and_scales(shape[2:], size, scale_factor, mode, recompute_scale_factor, where)
     align = bool(align_corners)
-    dt = np.float64 if x.dtype == jnp.float64 else np.float32
-    # the last axis first, as torch's separable kernels
+    dt = np.float64 if dtype == jnp.float64 else np.float32
+    steps = []
     for axis in reversed(range(n)):
-        L, o, s = x.shape[2 + axis], out[axis], scales[axis]
+        L, o, s = shape[2 + axis], out[axis], scales[axis]
         if mode in ("nearest", "nearest-exact"):
             idx, w = _nearest(L, o, s, mode == "nearest-exact", n == 2)
         elif mode == "area":
@@ -262,8 +273,8 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
             idx, w = _cubic(L, o, s, align, dt)
         else:
             idx, w = _linear(L, o, s, align, dt)
-        x = _resample_axis(x, 2 + axis, idx, w)
-    return x
+        steps.append((2 + axis, idx, w))
+    return steps
 
 
 def upsample(input, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None):
