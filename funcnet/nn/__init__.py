@@ -7,7 +7,7 @@ See docs/design.md.
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
-from funcnet.nn import functional, padding, resample
+from funcnet.nn import functional, instancenorm, padding, resample
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
@@ -19,8 +19,9 @@ from funcnet.nn.module import *  # noqa: F401,F403
 from funcnet.nn.norm import *  # noqa: F401,F403
 from funcnet.nn.pooling import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
+from funcnet.nn.instancenorm import *  # noqa: F401,F403
 from funcnet.nn.padding import *  # noqa: F401,F403
 from funcnet.nn.resample import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer, resample, padding) for name in family.__all__]
+                               attention, transformer, resample, padding, instancenorm) for name in family.__all__]
