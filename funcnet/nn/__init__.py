@@ -7,7 +7,7 @@ See docs/design.md.
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
-from funcnet.nn import functional, instancenorm, padding, resample
+from funcnet.nn import functional, instancenorm, padding, pooling_extra, resample
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
@@ -21,7 +21,9 @@ from funcnet.nn.pooling import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
 from funcnet.nn.instancenorm import *  # noqa: F401,F403
 from funcnet.nn.padding import *  # noqa: F401,F403
+from funcnet.nn.pooling_extra import *  # noqa: F401,F403
 from funcnet.nn.resample import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer, resample, padding, instancenorm) for name in family.__all__]
+                               attention, transformer, resample, padding, instancenorm,
+                               pooling_extra) for name in family.__all__]

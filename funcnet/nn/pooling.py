@@ -184,6 +184,9 @@ def _max_windows_jvp(n, kernel, stride, padding, dilation, ceil_mode, name, prim
 
 
 def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ceil_mode) -> Module:
+    if return_indices:  # (y, indices) for MaxUnpool
+        from funcnet.nn.pooling_extra import max_pool_with_indices
+        return max_pool_with_indices(n, cls, kernel_size, stride, padding, dilation, ceil_mode)
     shown_stride = kernel_size if stride is None else stride
     name = (f"{cls}(kernel_size={kernel_size}, stride={shown_stride}, padding={padding}, dilation={dilation}, "
             f"ceil_mode={ceil_mode})")
@@ -191,9 +194,6 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
     stride = _ntuple(shown_stride, n, "stride", cls, 1)
     padding = _ntuple(padding, n, "padding", cls, 0)
     dilation = _ntuple(dilation, n, "dilation", cls, 1)
-    if return_indices:
-        raise ValueError(f"{cls}: return_indices=True is not supported (the indices serve MaxUnpool, which "
-                         f"funcnet does not have); use return_indices=False")
     _check_padding(kernel, padding, dilation, name)
 
     def apply(params, x, *, key=None, train=False):
@@ -220,7 +220,8 @@ def MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices: b
     ``kernel_size``; padding (at most half the dilated kernel) is -inf, so it never wins.
     The gradient goes to the first maximum of each window on ties, as torch's (a NaN wins
     its window, the last one if there are several, as in torch's loop).
-    ``return_indices=True`` is refused.
+    ``return_indices=True``: ``(y, indices)``, each winner's flat position ``h * W + w``, for
+    ``MaxUnpool2d``.
     """
     return _max_pool(2, "MaxPool2d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
 
