@@ -143,14 +143,22 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
                               else bias_init(bkey, (out_channels,), dtype))
         return params
 
-    def apply(params, x, *, key=None, train=False):
+    def apply(params, x, output_size=None, *, key=None, train=False):
         del key, train
+        if output_size is not None and not transposed:
+            raise TypeError(f"{name}: output_size= is an argument of the transposed convolutions only")
         x, unbatched = _as_batched(x, n, in_channels, name)
         sizes = x.shape[2:]
+        op_ = out_pad
+        if output_size is not None:  # torch's forward(x, output_size): the output padding that gives it
+            # imported here: the functional package imports this module
+            from funcnet.nn.functional.conv_output_size import output_padding_for
+            op_ = output_padding_for(sizes, output_size, stride, [p for p, _ in pads], dilation, kernel, unbatched,
+                                     name)
         # every shape check before any work on the params
         if transposed:
             out = tuple((i - 1) * s - 2 * p + d * (k - 1) + op + 1
-                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, out_pad))
+                        for i, s, (p, _), d, k, op in zip(sizes, stride, pads, dilation, kernel, op_))
             if min(out) < 1:
                 raise ValueError(f"{name}: input of spatial size {tuple(sizes)} gives output size {out}; "
                                  f"padding={shown_padding} crops more than the output has, lower it")
@@ -181,7 +189,7 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
             w = jnp.swapaxes(w, 1, 2).reshape(out_channels, in_channels // groups, *kernel)
             w = jnp.flip(w, axis=tuple(range(2, n + 2)))
             conv_pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
-                         for d, k, (p, _), op in zip(dilation, kernel, pads, out_pad)]
+                         for d, k, (p, _), op in zip(dilation, kernel, pads, op_)]
             y = jax.lax.conv_general_dilated(
                 x, w, window_strides=(1,) * n, padding=conv_pads, lhs_dilation=stride, rhs_dilation=dilation,
                 dimension_numbers=dimension_numbers, feature_group_count=groups,
@@ -270,8 +278,9 @@ def ConvTranspose2d(in_channels: int, out_channels: int, kernel_size, stride=1, 
     ``H_out = (H-1)*stride - 2*padding + dilation*(kH-1) + output_padding + 1``.
     ``output_padding`` (smaller than stride or dilation) adds rows/columns at the bottom/right
     to pick one of the input sizes a strided Conv2d maps to the same size. Only
-    ``padding_mode="zeros"``, as torch; torch's ``forward(x, output_size=...)`` is not offered
-    (pass the matching ``output_padding``).
+    ``padding_mode="zeros"``, as torch. ``apply(params, x, output_size=(H_out, W_out))`` is
+    torch's ``forward(x, output_size=...)``: it picks the output padding that gives that size
+    (one of the ``stride`` sizes the formula allows; the built ``output_padding`` is then unused).
     """
     return _build(2, True, in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                   dilation, padding_mode, dtype, weight_init, bias_init)

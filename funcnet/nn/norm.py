@@ -248,7 +248,8 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
             layout = {2: "(N, C)", 3: "(N, C, L)", 4: "(N, C, H, W)", 5: "(N, C, D, H, W)"}
             raise ValueError(f"{name}: expected {want} input {' or '.join(layout[r] for r in ranks)}, got "
                              f"{x.ndim}D input of shape {tuple(x.shape)}; use the BatchNorm of that rank "
-                             f"(BatchNorm1d for (N, C[, L]), BatchNorm2d for (N, C, H, W), BatchNorm3d for (N, C, D, H, W))")
+                             f"(BatchNorm1d for (N, C[, L]), BatchNorm2d for (N, C, H, W), BatchNorm3d for "
+                             f"(N, C, D, H, W))")
         if x.ndim < 2 or x.shape[1] != C:
             got = x.shape[1] if x.ndim >= 2 else "no"
             raise ValueError(f"{name}: input of shape {tuple(x.shape)} has {got} channels in axis 1, expected "

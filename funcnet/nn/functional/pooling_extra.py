@@ -197,7 +197,8 @@ def _adaptive_max_fn(n):
 
     fn.__name__ = fn.__qualname__ = f"adaptive_max_pool{n}d"
     fn.__doc__ = (f"Max over torch's adaptive bins of the last {n} axes, as "
-                  f"torch.nn.functional.adaptive_max_pool{n}d: bin ``i`` spans ``floor(i*L/o) .. ceil((i+1)*L/o) - 1``; "
+                  f"torch.nn.functional.adaptive_max_pool{n}d: bin ``i`` spans "
+                  f"``floor(i*L/o) .. ceil((i+1)*L/o) - 1``; "
                   f"the first maximum wins (a NaN wins its bin) and takes the gradient; ``return_indices=True`` "
                   f"also returns its flat position in the input plane.")
     return fn
