@@ -184,9 +184,6 @@ def _max_windows_jvp(n, kernel, stride, padding, dilation, ceil_mode, name, prim
 
 
 def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ceil_mode) -> Module:
-    if return_indices:  # (y, indices) for MaxUnpool
-        from funcnet.nn.pooling_extra import max_pool_with_indices
-        return max_pool_with_indices(n, cls, kernel_size, stride, padding, dilation, ceil_mode)
     shown_stride = kernel_size if stride is None else stride
     name = (f"{cls}(kernel_size={kernel_size}, stride={shown_stride}, padding={padding}, dilation={dilation}, "
             f"ceil_mode={ceil_mode})")
@@ -199,7 +196,13 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
     def apply(params, x, *, key=None, train=False):
         del params, key, train
         x = _check_input(x, n, name)
-        return _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+        y = _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+        if not return_indices:
+            return y
+        # (y, indices) for MaxUnpool: the winner's rank in its window, as a flat input position
+        from funcnet.nn.functional.pool_indices import flat_indices
+        _, tap = _max_and_argmax(jax.lax.stop_gradient(x), n, kernel, stride, padding, dilation, ceil_mode, name)
+        return y, flat_indices(tap, x.shape[-n:], kernel, stride, padding, dilation)
 
     return Module(_no_params, apply, name=name)
 

@@ -1,6 +1,6 @@
 """More pooling layers, as torch.nn's: MaxPool3d, AvgPool3d, AdaptiveAvgPool3d,
 AdaptiveMaxPool1d/2d/3d, MaxUnpool1d/2d/3d, and the ``return_indices=True`` form of
-MaxPool1d/2d/3d. No params, no state; the math is ``funcnet.nn.functional.pooling_extra``.
+MaxPool3d. No params, no state; the math is ``funcnet.nn.functional.pooling_extra``.
 """
 
 from __future__ import annotations

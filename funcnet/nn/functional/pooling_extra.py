@@ -18,6 +18,7 @@ import numpy as np
 
 from funcnet.nn import pooling as _P
 from funcnet.nn.conv import _ntuple
+from funcnet.nn.functional.pool_indices import flat_indices
 
 __all__ = ["max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool3d",
            "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
@@ -43,22 +44,6 @@ def pool_arguments(n, cls, kernel_size, stride, padding, dilation=1):
     return kernel, stride, padding, dilation
 
 
-def _window_positions(sizes, kernel, stride, padding, dilation, out) -> np.ndarray:
-    """``(*out, K)``: the flat input position of each window's taps, row-major over the kernel
-    (-1 for a tap in the padding)."""
-    flat = np.zeros((), np.int64)
-    inside = np.ones((), bool)
-    for L, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, out):
-        pos = (np.arange(o) * s - p)[:, None] + np.arange(k)[None, :] * d  # (o, k)
-        flat = np.add.outer(flat * L, pos)
-        inside = np.logical_and.outer(inside, (pos >= 0) & (pos < L))
-    m = len(out)
-    order = tuple(range(0, 2 * m, 2)) + tuple(range(1, 2 * m, 2))  # (o1, k1, o2, k2..) -> (o.., k..)
-    flat = flat.transpose(order).reshape(tuple(out) + (-1,))
-    inside = inside.transpose(order).reshape(tuple(out) + (-1,))
-    return np.where(inside, flat, -1)
-
-
 def max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name):
     """``(y, indices)``: torch's max pool (its winner and its gradient) and the winner's flat
     position in the input plane."""
@@ -66,11 +51,7 @@ def max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, na
     _P._check_padding(kernel, padding, dilation, name)
     y = _P._max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
     _, tap = _P._max_and_argmax(jax.lax.stop_gradient(x), n, kernel, stride, padding, dilation, ceil_mode, name)
-    out = y.shape[-n:]
-    table = _window_positions(x.shape[-n:], kernel, stride, padding, dilation, out).reshape(-1, math.prod(kernel))
-    where = np.arange(math.prod(out)).reshape(out)
-    index_dtype = jax.dtypes.canonicalize_dtype(jnp.int64)
-    return y, jnp.asarray(table, index_dtype)[where, tap.astype(jnp.int32)]
+    return y, flat_indices(tap, x.shape[-n:], kernel, stride, padding, dilation)
 
 
 def _with_indices(n):
