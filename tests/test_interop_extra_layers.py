@@ -2,6 +2,7 @@
 Sequential of them becomes a funcnet model with the same forward and the same state after a
 train-mode step (InstanceNorm's running statistics), from torch's weights and buffers."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -25,7 +26,8 @@ def test_convert_runs_like_torch():
     for train in (True, False):
         m.train(train)
         model, params, state = interop.convert(m)
-        y, new_state = nn.call(model, params, state, jnp.asarray(x.numpy()), train=train)
+        run = jax.jit(lambda p, s, v: nn.call(model, p, s, v, train=train))  # one compile, not one per primitive
+        y, new_state = run(params, state, jnp.asarray(x.numpy()))
         want = m(x).detach().numpy()
         # float32 through twenty layers, three normalizations among them
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4, atol=1e-5)

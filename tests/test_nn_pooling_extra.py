@@ -96,8 +96,8 @@ def test_max_unpool_equals_torch(row, train, dtype):
 def test_pool_then_unpool_round_trip_equals_torch():
     # MaxPool2d(return_indices=True) -> MaxUnpool2d: the maxima back in place, zeros elsewhere
     x = np.random.default_rng(3).standard_normal((2, 3, 6, 5)).astype(np.float32)
-    y, idx = nn.MaxPool2d(2, return_indices=True).apply({}, jnp.asarray(x))
-    back = nn.MaxUnpool2d(2).apply({}, y, idx, output_size=x.shape[-2:])
+    y, idx = jax.jit(lambda v: nn.MaxPool2d(2, return_indices=True).apply({}, v))(jnp.asarray(x))
+    back = jax.jit(lambda a, i: nn.MaxUnpool2d(2).apply({}, a, i, output_size=x.shape[-2:]))(y, idx)
     ty, tidx = torch.nn.MaxPool2d(2, return_indices=True)(torch.tensor(x))
     want = torch.nn.MaxUnpool2d(2)(ty, tidx, output_size=x.shape[-2:]).numpy()
     np.testing.assert_array_equal(np.asarray(back), want)
@@ -121,8 +121,8 @@ def test_ties_nan_and_minus_inf_equal_torch(cls, args):
     cot = rng.standard_normal(tuple(yt.shape))
     yt.backward(torch.tensor(cot))
     with jax.enable_x64(True):
-        y, i = ours.apply({}, jnp.asarray(x))
-        g = jax.grad(lambda v: jnp.sum(ours.apply({}, v)[0] * cot))(jnp.asarray(x))
+        (y, i), g = jax.jit(lambda v: (ours.apply({}, v), jax.grad(lambda u: jnp.sum(ours.apply({}, u)[0] * cot))(v)))(
+            jnp.asarray(x))
     np.testing.assert_array_equal(np.asarray(y), yt.detach().numpy())
     np.testing.assert_array_equal(np.asarray(i), it.numpy())
     np.testing.assert_array_equal(np.asarray(g), xt.grad.numpy())
@@ -134,17 +134,19 @@ def test_functional_forms_equal_torch():
     T = torch.nn.functional
     xt = torch.tensor(x)
     pairs = [
-        (F.max_pool3d(x, 2, 1, 1), T.max_pool3d(xt, 2, 1, 1)),
-        (F.max_pool3d(x, 2, return_indices=True)[1], T.max_pool3d(xt, 2, return_indices=True)[1]),
-        (F.avg_pool3d(x, 3, 2, 1, count_include_pad=False), T.avg_pool3d(xt, 3, 2, 1, count_include_pad=False)),
-        (F.adaptive_avg_pool3d(x, (3, 2, 4)), T.adaptive_avg_pool3d(xt, (3, 2, 4))),
-        (F.adaptive_max_pool3d(x, (3, 2, 4), return_indices=True)[1],
+        (lambda v: F.max_pool3d(v, 2, 1, 1), T.max_pool3d(xt, 2, 1, 1)),
+        (lambda v: F.max_pool3d(v, 2, return_indices=True)[1], T.max_pool3d(xt, 2, return_indices=True)[1]),
+        (lambda v: F.avg_pool3d(v, 3, 2, 1, count_include_pad=False),
+         T.avg_pool3d(xt, 3, 2, 1, count_include_pad=False)),
+        (lambda v: F.adaptive_avg_pool3d(v, (3, 2, 4)), T.adaptive_avg_pool3d(xt, (3, 2, 4))),
+        (lambda v: F.adaptive_max_pool3d(v, (3, 2, 4), return_indices=True)[1],
          T.adaptive_max_pool3d(xt, (3, 2, 4), return_indices=True)[1]),
-        (F.max_pool2d_with_indices(x[0], 2)[1], T.max_pool2d(xt[0], 2, return_indices=True)[1]),
-        (F.max_pool1d_with_indices(x[0, 0, 0], 3, 2, 1)[1], T.max_pool1d(xt[0, 0, 0], 3, 2, 1, return_indices=True)[1]),
+        (lambda v: F.max_pool2d_with_indices(v[0], 2)[1], T.max_pool2d(xt[0], 2, return_indices=True)[1]),
+        (lambda v: F.max_pool1d_with_indices(v[0, 0, 0], 3, 2, 1)[1],
+         T.max_pool1d(xt[0, 0, 0], 3, 2, 1, return_indices=True)[1]),
     ]
-    for ours, theirs in pairs:
-        np.testing.assert_allclose(np.asarray(ours), theirs.numpy(), rtol=1e-6, atol=1e-6)
+    for ours, theirs in pairs:  # jit: one compile per form instead of one per primitive
+        np.testing.assert_allclose(np.asarray(jax.jit(ours)(x)), theirs.numpy(), rtol=1e-6, atol=1e-6)
 
 
 def test_errors_are_named():
