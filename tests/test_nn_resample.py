@@ -141,6 +141,19 @@ def test_interpolate_forward_sweep_equals_torch():
     assert checked > 300
 
 
+def test_16_bit_inputs_are_weighed_in_float32_as_torch():
+    # torch's kernels weigh bfloat16/float16 in float32 (its bicubic with weights stored in the
+    # input's dtype) and round once: within a 16-bit rounding step of torch, in the input's dtype
+    x = np.random.default_rng(3).standard_normal((1, 2, 5, 7)).astype(np.float32)
+    for ours, theirs, ulp in ((jnp.bfloat16, torch.bfloat16, 2.0 ** -7), (jnp.float16, torch.float16, 2.0 ** -10)):
+        for kwargs in (dict(scale_factor=1.7, mode="bicubic"), dict(scale_factor=0.6, mode="bilinear"),
+                       dict(size=(3, 11), mode="bilinear", align_corners=True)):
+            got = jax.jit(lambda v: F.interpolate(v, **kwargs))(jnp.asarray(x, ours))
+            want = torch.nn.functional.interpolate(torch.tensor(x).to(theirs), **kwargs).float().numpy()
+            assert got.dtype == ours
+            np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=ulp, atol=ulp, err_msg=str(kwargs))
+
+
 def test_nearest_is_torchs_not_jax_image_resize():
     # the pitfall named in the module docstring: jax.image.resize's "nearest" is torch's "nearest-exact"
     x = jnp.arange(7.0)[None, None]

@@ -16,7 +16,9 @@ avoids, against ``jax.image.resize``:
   Keys' cubic with a=-0.5, stretched by the scale, normalized per output).
 
 The gradient is autodiff's: the transpose of a gather is the scatter-add that torch's
-backward kernels run.
+backward kernels run. bfloat16/float16 inputs are weighed in float32 and rounded once, as
+torch's kernels (its bicubic with weights stored in the input's dtype): equal to torch, or a
+16-bit rounding step away where its 1-D/3-D kernels round differently.
 """
 
 from __future__ import annotations
@@ -245,10 +247,16 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
         raise ValueError(f"{where}: antialias=True needs a 4D input (N, C, H, W), got shape {tuple(x.shape)}")
     if mode not in ("nearest", "nearest-exact") and not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(f"{where}: mode={mode!r} needs a floating input, got dtype {x.dtype}; cast it first")
+    dtype = x.dtype
+    half = mode not in ("nearest", "nearest-exact") and jnp.finfo(dtype).bits < 32
+    if half:
+        x = x.astype(jnp.float32)  # torch's kernels weigh 16-bit inputs in float32 (its opmath type)
     for axis, idx, w in plan(x.shape, x.dtype, size, scale_factor, mode, align_corners, recompute_scale_factor,
                              antialias):
+        if half and mode == "bicubic" and not antialias:
+            w = w.astype(np.dtype(dtype)).astype(np.float32)  # its bicubic stores them in the input's dtype
         x = _resample_axis(x, axis, idx, w)
-    return x
+    return x.astype(dtype)
 
 
 def plan(shape, dtype, size=None, scale_factor=None, mode="nearest", align_corners=None,
