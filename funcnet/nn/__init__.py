@@ -7,7 +7,7 @@ See docs/design.md.
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
-from funcnet.nn import functional, instancenorm, padding, pooling_extra, resample
+from funcnet.nn import functional, instancenorm, padding, pooling_extra, resample  # noqa: F401
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
