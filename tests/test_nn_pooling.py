@@ -132,8 +132,6 @@ def test_bad_inputs_and_arguments_are_named():
     nn.MaxPool2d(2, padding=1, dilation=2)  # half of the dilated size 3 is allowed, as torch
     with pytest.raises(ValueError, match=r"padding=2 is more than half the \(dilated\) kernel size 3"):
         nn.AvgPool2d(3, padding=2)
-    with pytest.raises(ValueError, match="return_indices=True is not supported"):
-        nn.MaxPool2d(2, return_indices=True)
     with pytest.raises(ValueError, match="divisor_override must be None or a non-zero int, got 0"):
         nn.AvgPool2d(2, divisor_override=0)
     with pytest.raises(ValueError, match=r"kernel_size must be an int >= 1 or a tuple of 2 such ints, got \(2, 2, 2\)"):

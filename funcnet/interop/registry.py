@@ -70,7 +70,10 @@ _SIMPLE = [
     "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
     "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "RMSNorm",
-    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+    "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm", "AdaptiveMaxPool3d",
+    "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
+    "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle", "PixelUnshuffle",
+    *(f"{kind}Pad{n}d" for kind in ("Zero", "Constant", "Reflection", "Replication", "Circular") for n in (1, 2, 3)),
     "Embedding", "Dropout1d", "Dropout2d", "Dropout3d",
 ]
 _ROWS = [_Row(n, n) for n in _SIMPLE] + [

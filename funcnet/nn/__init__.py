@@ -5,9 +5,9 @@ One file per layer family; the contract (``Module``, state, ``call``) is in
 See docs/design.md.
 """
 
-from funcnet.nn import functional  # noqa: F401  (torch.nn.functional: funcnet.nn.functional)
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
 from funcnet.nn import transformer
+from funcnet.nn import functional, instancenorm, padding, pooling_extra, resample  # noqa: F401  (functional: torch.nn.functional)
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
@@ -19,6 +19,11 @@ from funcnet.nn.module import *  # noqa: F401,F403
 from funcnet.nn.norm import *  # noqa: F401,F403
 from funcnet.nn.pooling import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
+from funcnet.nn.instancenorm import *  # noqa: F401,F403
+from funcnet.nn.padding import *  # noqa: F401,F403
+from funcnet.nn.pooling_extra import *  # noqa: F401,F403
+from funcnet.nn.resample import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer) for name in family.__all__]
+                               attention, transformer, resample, padding, instancenorm,
+                               pooling_extra) for name in family.__all__]

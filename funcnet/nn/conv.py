@@ -97,11 +97,20 @@ def _build(n: int, transposed: bool, in_channels, out_channels, kernel_size, str
                               else bias_init(bkey, (out_channels,), dt))
         return params
 
-    def apply(params, x, *, key=None, train=False):
+    def apply(params, x, output_size=None, *, key=None, train=False):
         del key, train
+        if output_size is not None and not transposed:
+            raise TypeError(f"{name}: output_size= is an argument of the transposed convolutions only")
         if transposed:
+            op_ = out_pad
+            if output_size is not None:  # torch's forward(x, output_size): the output padding that gives it
+                from funcnet.nn.functional.conv_output_size import output_padding_for
+
+                batched, unbatched = _F.as_batched(x, n, in_channels, name)
+                op_ = output_padding_for(batched.shape[2:], output_size, stride, [p for p, _ in pads], dilation,
+                                         kernel, unbatched, name)
             return _F.conv_transpose(x, params["weight"], params.get("bias"), n, stride,
-                                     tuple(p for p, _ in pads), out_pad, groups, dilation, name)
+                                     tuple(p for p, _ in pads), op_, groups, dilation, name)
         if padding_mode != "zeros" and any(lo or hi for lo, hi in pads):
             x, unbatched = _F.as_batched(x, n, in_channels, name)
             sizes = x.shape[2:]
@@ -189,8 +198,9 @@ def ConvTranspose2d(in_channels: int, out_channels: int, kernel_size, stride=1, 
     ``H_out = (H-1)*stride - 2*padding + dilation*(kH-1) + output_padding + 1``.
     ``output_padding`` (smaller than stride or dilation) adds rows/columns at the bottom/right
     to pick one of the input sizes a strided Conv2d maps to the same size. Only
-    ``padding_mode="zeros"``, as torch; torch's ``forward(x, output_size=...)`` is not offered
-    (pass the matching ``output_padding``).
+    ``padding_mode="zeros"``, as torch. ``apply(params, x, output_size=(H_out, W_out))`` is
+    torch's ``forward(x, output_size=...)``: it picks the output padding that gives that size
+    (one of the ``stride`` sizes the formula allows; the built ``output_padding`` is then unused).
     """
     return _build(2, True, in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
                   dilation, padding_mode, dtype, weight_init, bias_init)

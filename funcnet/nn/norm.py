@@ -26,7 +26,7 @@ from funcnet.nn.functional._common import float_dtype
 from funcnet.nn.functional.norm import _check_eps, _check_floating, _check_positive_int, _compute_dtype
 from funcnet.nn.module import Module, check_params, describe, require_state
 
-__all__ = ["LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "SyncBatchNorm"]
+__all__ = ["LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"]
 
 
 def LayerNorm(normalized_shape: int | Sequence[int], eps: float = 1e-5, elementwise_affine: bool = True,
@@ -157,10 +157,11 @@ def _batch_norm(kind: str, ranks: tuple[int, ...] | None, num_features, eps, mom
         x = _check_floating(x, name)
         if ranks is not None and x.ndim not in ranks:
             want = " or ".join(f"{r}D" for r in ranks)
-            layout = {2: "(N, C)", 3: "(N, C, L)", 4: "(N, C, H, W)"}
+            layout = {2: "(N, C)", 3: "(N, C, L)", 4: "(N, C, H, W)", 5: "(N, C, D, H, W)"}
             raise ValueError(f"{name}: expected {want} input {' or '.join(layout[r] for r in ranks)}, got "
                              f"{x.ndim}D input of shape {tuple(x.shape)}; use the BatchNorm of that rank "
-                             f"(BatchNorm1d for (N, C[, L]), BatchNorm2d for (N, C, H, W))")
+                             f"(BatchNorm1d for (N, C[, L]), BatchNorm2d for (N, C, H, W), BatchNorm3d for "
+                             f"(N, C, D, H, W))")
         if x.ndim < 2 or x.shape[1] != C:
             got = x.shape[1] if x.ndim >= 2 else "no"
             raise ValueError(f"{name}: input of shape {tuple(x.shape)} has {got} channels in axis 1, expected "
@@ -258,6 +259,14 @@ def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
                        axis_name, dtype, sync_fallback=False)
 
 
+def BatchNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
+                dtype=jnp.float32) -> Module:
+    return _batch_norm("BatchNorm3d", (5,), num_features, eps, momentum, affine, track_running_stats, bias,
+                       axis_name, dtype, sync_fallback=False)
+
+
+BatchNorm3d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C, D, H, W)", kind="BatchNorm3d")
 BatchNorm1d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C) or (N, C, L)", kind="BatchNorm1d")
 BatchNorm2d.__doc__ = _BATCH_NORM_DOC.format(layout="x of shape (N, C, H, W)", kind="BatchNorm2d")
 

@@ -25,6 +25,9 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
 
     def apply(params, x, *, key=None, train=False):
         del params, key, train
+        if return_indices:  # (y, indices) for MaxUnpool: the winner's flat position in its input plane
+            from funcnet.nn.functional.pooling_extra import max_pool_with_indices
+            return max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name)
         return _F.max_pool(x, n, kernel, stride, padding, dilation, ceil_mode, name)
 
     return Module(_no_params, apply, name=name)
@@ -46,7 +49,8 @@ def MaxPool2d(kernel_size, stride=None, padding=0, dilation=1, return_indices: b
     ``kernel_size``; padding (at most half the dilated kernel) is -inf, so it never wins.
     The gradient goes to the first maximum of each window on ties, as torch's (a NaN wins
     its window, the last one if there are several, as in torch's loop).
-    ``return_indices=True`` is refused.
+    ``return_indices=True``: ``(y, indices)``, each winner's flat position ``h * W + w``, for
+    ``MaxUnpool2d``.
     """
     return _max_pool(2, "MaxPool2d", kernel_size, stride, padding, dilation, return_indices, ceil_mode)
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["embedding", "one_hot", "normalize", "cosine_similarity", "pairwise_distance", "pad", "dropout",
+__all__ = ["embedding", "one_hot", "normalize", "cosine_similarity", "pairwise_distance", "dropout",
            "dropout2d", "stochastic_depth"]
 
 
@@ -142,41 +142,6 @@ def pairwise_distance(x1, x2, p: float = 2.0, eps: float = 1e-6, keepdim: bool =
     if d.ndim == 0:
         raise ValueError("pairwise_distance: inputs must have at least one dimension")
     return _pnorm(d, p, -1, keepdim)
-
-
-_PAD_MODES = {"constant": "constant", "reflect": "reflect", "replicate": "edge", "circular": "wrap"}
-
-
-def pad(input, pad, mode: str = "constant", value=None):
-    """Pad the last ``len(pad) // 2`` axes, torch.nn.functional.pad: ``pad = (left_last,
-    right_last, left_second_last, ...)``, starting from the last axis. Modes: ``constant``
-    (``value``, default 0; negative pads crop, as torch), ``reflect``, ``replicate``,
-    ``circular`` (pads at most the axis's size; reflect less than it)."""
-    x = jnp.asarray(input)
-    if mode not in _PAD_MODES:
-        raise ValueError(f"pad: mode must be one of {tuple(_PAD_MODES)}, got {mode!r}")
-    pad = tuple(pad)
-    if len(pad) % 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pad):
-        raise ValueError(f"pad: pad must be an even-length sequence of ints (left, right) per axis from the last, "
-                         f"got {pad!r}")
-    k = len(pad) // 2
-    if k > x.ndim:
-        raise ValueError(f"pad: pad {pad} pads {k} axes but the input of shape {tuple(x.shape)} has {x.ndim}")
-    widths = [(0, 0)] * (x.ndim - k) + [(int(pad[2 * i]), int(pad[2 * i + 1])) for i in reversed(range(k))]
-    if mode != "constant":
-        if value is not None and value != 0:
-            raise ValueError(f"pad: value={value!r} applies to mode='constant' only (torch refuses it too)")
-        for axis, (lo, hi) in enumerate(widths):
-            size = x.shape[axis]
-            limit = size - 1 if mode == "reflect" else size
-            if min(lo, hi) < 0 or (mode != "replicate" and max(lo, hi) > limit):
-                raise ValueError(f"pad: padding {(lo, hi)} of axis {axis} is out of range for mode={mode!r} on an "
-                                 f"input of shape {tuple(x.shape)}: it must be in [0, {limit}]")
-        return jnp.pad(x, widths, mode=_PAD_MODES[mode])
-    # constant: negative widths crop first
-    crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(widths))
-    x = x[crop]
-    return jnp.pad(x, [(max(lo, 0), max(hi, 0)) for lo, hi in widths], constant_values=0 if value is None else value)
 
 
 def _check_p(p, where: str) -> float:

@@ -208,9 +208,7 @@ def max_pool_args(n, where, kernel_size, stride, padding, dilation, return_indic
     stride = _ntuple(kernel_size if stride is None else stride, n, "stride", where, 1)
     padding = _ntuple(padding, n, "padding", where, 0)
     dilation = _ntuple(dilation, n, "dilation", where, 1)
-    if return_indices:
-        raise ValueError(f"{where}: return_indices=True is not supported (the indices serve MaxUnpool, which "
-                         f"funcnet does not have); use return_indices=False")
+    del return_indices  # the layers and max_pool*d give (y, indices) through pooling_extra
     return kernel, stride, padding, dilation
 
 
@@ -279,14 +277,21 @@ def adaptive_avg_pool(x, n, sizes, where):
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of the last axis of ``(N, C, L)`` or ``(C, L)``. See ``max_pool2d``."""
     args = max_pool_args(1, "max_pool1d", kernel_size, stride, padding, dilation, return_indices)
+    if return_indices:
+        from funcnet.nn.functional.pooling_extra import max_pool_with_indices
+        return max_pool_with_indices(input, 1, *args, ceil_mode, "max_pool1d")
     return max_pool(input, 1, *args, ceil_mode, "max_pool1d")
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of the last two axes, torch.nn.functional.max_pool2d: ``stride``
     defaults to ``kernel_size``; the gradient goes to the first maximum of each window (a NaN
-    wins its window). ``return_indices=True`` is refused."""
+    wins its window). ``return_indices=True`` gives ``(y, indices)``, torch's flat positions
+    in each input plane, for ``max_unpool2d``."""
     args = max_pool_args(2, "max_pool2d", kernel_size, stride, padding, dilation, return_indices)
+    if return_indices:
+        from funcnet.nn.functional.pooling_extra import max_pool_with_indices
+        return max_pool_with_indices(input, 2, *args, ceil_mode, "max_pool2d")
     return max_pool(input, 2, *args, ceil_mode, "max_pool2d")
 
 
