@@ -238,8 +238,9 @@ def test_refused_options_are_named():
         F.mse_loss(x, x, True)
     with pytest.raises(ValueError, match="max_norm=1.0 is not supported"):
         F.embedding(jnp.zeros(2, jnp.int32), x, max_norm=1.0)
-    with pytest.raises(ValueError, match="return_indices=True is not supported"):
-        F.max_pool1d(x[None], 2, return_indices=True)
+    v = np.array([[[1.0, 3.0, 2.0, 0.0, 5.0, 5.0]]], np.float32)  # no longer refused: torch's indices
+    assert np.asarray(F.max_pool1d(jnp.asarray(v), 2, return_indices=True)[1]).tolist() == \
+        TF.max_pool1d(torch.tensor(v), 2, return_indices=True)[1].tolist()
     with pytest.raises(ValueError, match=r"running_mean must be defined in evaluation mode"):
         F.batch_norm(x, None, None)
     with pytest.raises(ValueError, match=r"softmax\(dim=None\).*pass dim explicitly"):
