@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (benchmarks/peers.py)
 
 import funcnet  # noqa: E402
-from funcnet import data, models, profile, train  # noqa: E402
+from funcnet import data, epoch, models, profile, train  # noqa: E402
 
 PEERS = ("raw JAX", "flax nnx", "equinox")
 IMPLS = ("torch eager", "torch.compile", *PEERS, "funcnet make_step", "funcnet run_epoch")
@@ -264,8 +264,10 @@ def peer_impl(spec, name):
     epoch = _loop(step, holder, jnp.asarray(spec.x), jnp.asarray(spec.y), spec.batch)
     carry = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype) if isinstance(a, jax.Array) else a,
                          peer.carry)
+    # the stages through a new function: jit's caches (trace, lowering, executable) are per function
     return Runner(epoch, lambda: peer.values(holder[0]),
-                  stages=lambda: aot_stages(jax.jit(peer.step, donate_argnums=0), carry, _batch0(spec)))
+                  stages=lambda: aot_stages(jax.jit(lambda c, b: peer.step(c, b), donate_argnums=0), carry,
+                                            _batch0(spec)))
 
 
 def _fresh_state(spec):
@@ -280,19 +282,21 @@ def funcnet_impl(spec, *, scan):
     xs, ys = jnp.asarray(spec.x), jnp.asarray(spec.y)
     batch = _batch0(spec)
     def stages():  # after the first epoch: run_epoch's own check for convolutions is part of its start-up
-        if scan and not train._slow_in_loops(step.raw, _fresh_state(spec), *batch):  # the whole epoch is one program
-            return dict(aot_stages(train._scan_epoch, step.raw, _fresh_state(spec), xs, ys, spec.batch),
-                        whole_epoch=True)
-        return aot_stages(jax.jit(step.raw, donate_argnums=0), _fresh_state(spec), batch)
+        # through new functions: jit's caches (trace, lowering, executable) are per function
+        if scan and not epoch._slow_in_loops(step.raw, _fresh_state(spec), *batch):  # one program per epoch
+            scan_epoch = epoch._scan_epoch.__wrapped__
+            fn = jax.jit(lambda st, x, y: scan_epoch(step.raw, st, x, y, spec.batch), donate_argnums=0)
+            return dict(aot_stages(fn, _fresh_state(spec), xs, ys), whole_epoch=True)
+        return aot_stages(jax.jit(lambda st, b: step.raw(st, b), donate_argnums=0), _fresh_state(spec), batch)
 
-    def epoch(order=None):  # its own order always; the checked epoch's order is what the others get
+    def run(order=None):  # its own order always; the checked epoch's order is what the others get
         state, _ = train.run_epoch(step, holder[0], xs, ys, batch_size=spec.batch, scan=scan)
         holder[0] = jax.block_until_ready(state)
 
     def values():
         return {k: np.asarray(v) for k, v in funcnet.state_dict(holder[0].params, holder[0].model_state).items()}
 
-    return Runner(epoch, values, stages=stages)
+    return Runner(run, values, stages=stages)
 
 
 def first_order(spec):
@@ -319,10 +323,7 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
     runners, errors, first = {}, {}, {}
     for name in impls:
         try:
-            runner = build(spec, name)
-            # JAX caches traces, lowerings and executables per function and per program: cleared
-            # before each first epoch and each ahead-of-time compile, so both start cold
-            jax.clear_caches()
+            runner = build(spec, name)  # new functions: nothing of it is in jit's caches yet
             t0 = time.perf_counter()
             runner.epoch(order)  # the checked epoch; traces and compiles
             first[name] = time.perf_counter() - t0
@@ -331,7 +332,6 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
             if name.startswith("torch"):
                 runner.memory = runner.memory()
             else:
-                jax.clear_caches()
                 runner.stages = runner.stages()
                 runner.memory, runner.flops = runner.stages["memory"], runner.stages["flops"]
                 if runner.stages.get("whole_epoch"):
@@ -340,8 +340,8 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
         except Exception as e:  # reported in the table
             errors[name] = _error(e)
             log(f"{spec.name}: {name} failed: {errors[name]}")
-    for name, runner in runners.items():  # warm: the caches were cleared after the others compiled
-        runner.epoch()
+    for runner in runners.values():
+        runner.epoch()  # warm
     times = {name: [] for name in runners}
     for r in range(repeat):
         for name, runner in runners.items():
