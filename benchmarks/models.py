@@ -21,7 +21,8 @@ running statistics too where they are torch's). Timing: every row shuffles each 
 its own way, interleaved one epoch each per round; ratios are medians over rounds of
 per-round ratios; the load average is printed per round.
 
-Per row, beside the steady ms/step:
+Per row, beside the steady ms/step (wall clock, and the CPU time of this process, which a
+busy machine's load disturbs far less):
 - start-up: the first epoch's time minus the steady epoch time (tracing, lowering and
   compiling, or torch.compile's Dynamo + Inductor), and for the JAX rows the three stages
   of a separate ahead-of-time compile of the step (``jit(step).trace()``, ``.lower()``,
@@ -342,12 +343,13 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
             log(f"{spec.name}: {name} failed: {errors[name]}")
     for runner in runners.values():
         runner.epoch()  # warm
-    times = {name: [] for name in runners}
+    times, cpu = {name: [] for name in runners}, {name: [] for name in runners}
     for r in range(repeat):
         for name, runner in runners.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             runner.epoch()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
         peaks.append(profile.matmul_peak(1024, repeat=3, number=2))
         loads.append(os.getloadavg()[0])
         log(f"{spec.name}: round {r + 1}/{repeat}, load {loads[-1]:.2f}")
@@ -366,6 +368,7 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
             # what one example is made of: a GPT example is a block of tokens, a conv net's an image
             per_example, unit = (spec.x.shape[1], "tokens") if spec.name == "gpt" else (1, "images")
             row.update(seconds_per_epoch=sec, seconds_all=times[name], ms_per_step=sec / steps * 1e3,
+                       cpu_seconds_all=cpu[name], cpu_ms_per_step=statistics.median(cpu[name]) / steps * 1e3,
                        flops_per_step=flops, max_diff_vs_torch_eager=diff, compared=len(shared), unit=unit,
                        per_second=spec.batch * per_example * steps / sec, first_epoch_s=first[name],
                        startup_s=first[name] - sec, memory=runner.memory)
@@ -376,6 +379,8 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
                 row["gflops"] = flops * steps / sec / 1e9
             row["vs"] = {other: statistics.median(a / b for a, b in zip(times[other], times[name]))
                          for other in runners if other != name}  # > 1: this row is faster
+            row["vs_cpu"] = {other: statistics.median(a / b for a, b in zip(cpu[other], cpu[name]))
+                             for other in runners if other != name}
         rows.append(row)
     if "funcnet run_epoch" in runners and "funcnet make_step" in runners:
         a, b = runners["funcnet run_epoch"].checked, runners["funcnet make_step"].checked
@@ -450,13 +455,13 @@ def main(argv=None) -> int:
                         f"torch {torch.__version__}, {torch.get_num_threads()} threads; jax {jax.__version__}; "
                         f"{os.cpu_count()} CPUs; load average {load_before[0]:.2f} -> "
                         f"{', '.join(f'{x:.2f}' for x in loads)} (per round) -> {load_after[0]:.2f}")
-    for col in ("model", "impl", "ms/step", "per second", "x torch eager", "x torch.compile", "% of peak",
+    for col in ("model", "impl", "ms/step", "CPU ms/step", "per second", "x torch eager", "x torch.compile", "% of peak",
                 "start-up s", "trace/lower/compile s", "peak MB", "max |diff| vs torch", "error"):
         table.add_column(col, justify="left" if col in ("model", "impl", "error") else "right", overflow="fold")
     bad = []
     for r in rows:
         if r.get("seconds_per_epoch") is None:
-            table.add_row(r["model"], r["impl"], *["-"] * 9, r["error"] or "")
+            table.add_row(r["model"], r["impl"], *["-"] * 10, r["error"] or "")
             continue
         d = r["max_diff_vs_torch_eager"]
         diff = "-" if d is None else f"{d:.1e}"
@@ -469,20 +474,23 @@ def main(argv=None) -> int:
         stages = "-" if not st else "/".join(f"{st[k]:.2f}" for k in ("trace", "lower", "compile")) + \
             (" (epoch)" if r.get("stages_whole_epoch") else "")
         mem = r["memory"]
-        table.add_row(r["model"], r["impl"], f"{r['ms_per_step']:.2f}", f"{r['per_second']:,.0f} {r['unit']}",
+        table.add_row(r["model"], r["impl"], f"{r['ms_per_step']:.2f}", f"{r['cpu_ms_per_step']:.2f}",
+                      f"{r['per_second']:,.0f} {r['unit']}",
                       f"{vs['torch eager']:.2f}" if "torch eager" in vs else "-",
                       f"{vs['torch.compile']:.2f}" if "torch.compile" in vs else "-",
                       f"{g * 1e9 / peak:.1%}" if g else "-", f"{r['startup_s']:.2f}", stages,
                       _mb(mem["peak"]) if mem else "-", diff, "")
     console.print(table)
 
-    ours = Table(title="funcnet against the JAX peers: x = the peer's time / funcnet's (median of per-round "
-                       "ratios; > 1: funcnet faster)")
+    ours = Table(title="funcnet against the JAX peers: x = the peer's time / funcnet's, median of per-round "
+                       "ratios (> 1: funcnet faster); wall time, and CPU time of this process (steadier on a "
+                       "busy machine)")
     for col in ("model", "funcnet row", *PEERS):
         ours.add_column(col, justify="left" if col in ("model", "funcnet row") else "right")
     for r in rows:
         if r["impl"].startswith("funcnet") and r.get("vs"):
-            ours.add_row(r["model"], r["impl"], *[f"{r['vs'][p]:.3f}" if p in r["vs"] else "-" for p in PEERS])
+            ours.add_row(r["model"], r["impl"], *[f"{r['vs'][p]:.3f} wall, {r['vs_cpu'][p]:.3f} CPU"
+                                                  if p in r["vs"] else "-" for p in PEERS])
     console.print(ours)
     console.print("memory: JAX rows XLA's memory analysis of the compiled step (args + outputs - donated + temps; "
                   "run_epoch's scan: the whole epoch's program); torch rows live tensors + the peak of one step's "
