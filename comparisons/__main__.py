@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, JAX_ENABLE_X64="1")
         return subprocess.call([sys.executable, "-m", "comparisons", *(argv if argv is not None else sys.argv[1:])],
                                env=env)
+    __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
     opts = Options(dtype="float64" if args.float64 else "float32")
     selected = args.names or (FLOAT64_DEFAULT if args.float64 else names)
 

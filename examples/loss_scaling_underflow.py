@@ -69,4 +69,5 @@ def main() -> None:
               f"{err_a:>10.1e} {err_b:>10.1e}")
 
 if __name__ == "__main__":
+    __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
     main()

@@ -170,4 +170,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
     sys.exit(main())

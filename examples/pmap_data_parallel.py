@@ -73,4 +73,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
     main()

@@ -33,3 +33,8 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# No test writes into the user's compilation cache folder (funcnet.compile_cache, which
+# funcnet train, the comparisons and the examples turn on); inherited by subprocesses.
+os.environ["FUNCNET_NO_COMPILE_CACHE"] = "1"

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from funcnet import compile_cache
 from funcnet.cli.checkpointing import _checkpointing
 from funcnet.cli.errors import UsageError
 from funcnet.cli.outputs import _check_out, _file_above, _Outputs, _probe_writable
@@ -56,6 +57,7 @@ def train_command(args) -> dict:
     data_parallel = args.devices > 1 or args.parallel is not None
     if data_parallel:
         _parallel_flags(args)
+    compile_cache.enable()  # a second run reads its compiled programs from disk (FUNCNET_NO_COMPILE_CACHE=1: off)
     _check_backend()
     run = _Run(args)
     with contextlib.ExitStack() as stack:
