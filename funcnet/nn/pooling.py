@@ -26,8 +26,7 @@ def _max_pool(n, cls, kernel_size, stride, padding, dilation, return_indices, ce
     def apply(params, x, *, key=None, train=False):
         del params, key, train
         if return_indices:  # (y, indices) for MaxUnpool: the winner's flat position in its input plane
-            from funcnet.nn.functional.pooling_extra import max_pool_with_indices
-            return max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+            return _F.max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name)
         return _F.max_pool(x, n, kernel, stride, padding, dilation, ceil_mode, name)
 
     return Module(_no_params, apply, name=name)

@@ -29,7 +29,7 @@ def max_pool_with_indices(n: int, cls: str, kernel_size, stride, padding, dilati
 
     def apply(params, x, *, key=None, train=False):
         del params, key, train
-        return _F.max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+        return _F._P.max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name)
 
     return Module(_no_params, apply, name=name)
 

@@ -22,10 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.nn.functional._common import ntuple as _ntuple
+from funcnet.nn.functional.pool_indices import flat_indices
 
 __all__ = ["max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d"]
 
-_SHAPES = {1: ("(C, L)", "(N, C, L)"), 2: ("(C, H, W)", "(N, C, H, W)")}
+_SHAPES = {1: ("(C, L)", "(N, C, L)"), 2: ("(C, H, W)", "(N, C, H, W)"), 3: ("(C, D, H, W)", "(N, C, D, H, W)")}
 
 
 def _check_input(x, n: int, name: str):
@@ -274,11 +275,20 @@ def adaptive_avg_pool(x, n, sizes, where):
     return y / jnp.asarray(counts, x.dtype)
 
 
+def max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name):
+    """``(y, indices)``: torch's max pool (its winner and its gradient) and the winner's flat
+    position in the input plane."""
+    x = _check_input(x, n, name)
+    _check_padding(kernel, padding, dilation, name)
+    y = _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
+    _, tap = _max_and_argmax(jax.lax.stop_gradient(x), n, kernel, stride, padding, dilation, ceil_mode, name)
+    return y, flat_indices(tap, x.shape[-n:], kernel, stride, padding, dilation)
+
+
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of the last axis of ``(N, C, L)`` or ``(C, L)``. See ``max_pool2d``."""
     args = max_pool_args(1, "max_pool1d", kernel_size, stride, padding, dilation, return_indices)
     if return_indices:
-        from funcnet.nn.functional.pooling_extra import max_pool_with_indices
         return max_pool_with_indices(input, 1, *args, ceil_mode, "max_pool1d")
     return max_pool(input, 1, *args, ceil_mode, "max_pool1d")
 
@@ -290,7 +300,6 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     in each input plane, for ``max_unpool2d``."""
     args = max_pool_args(2, "max_pool2d", kernel_size, stride, padding, dilation, return_indices)
     if return_indices:
-        from funcnet.nn.functional.pooling_extra import max_pool_with_indices
         return max_pool_with_indices(input, 2, *args, ceil_mode, "max_pool2d")
     return max_pool(input, 2, *args, ceil_mode, "max_pool2d")
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from funcnet.nn.functional import pooling as _P
 from funcnet.nn.functional._common import ntuple as _ntuple
-from funcnet.nn.functional.pool_indices import flat_indices
 
 __all__ = ["max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "max_pool3d",
            "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
@@ -44,22 +43,12 @@ def pool_arguments(n, cls, kernel_size, stride, padding, dilation=1):
     return kernel, stride, padding, dilation
 
 
-def max_pool_with_indices(x, n, kernel, stride, padding, dilation, ceil_mode, name):
-    """``(y, indices)``: torch's max pool (its winner and its gradient) and the winner's flat
-    position in the input plane."""
-    x = check_input(x, n, name)
-    _P._check_padding(kernel, padding, dilation, name)
-    y = _P._max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name)
-    _, tap = _P._max_and_argmax(jax.lax.stop_gradient(x), n, kernel, stride, padding, dilation, ceil_mode, name)
-    return y, flat_indices(tap, x.shape[-n:], kernel, stride, padding, dilation)
-
-
 def _with_indices(n):
     def fn(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
            return_indices: bool = True):
         name = f"max_pool{n}d_with_indices"
         kernel, stride_, padding_, dilation_ = pool_arguments(n, name, kernel_size, stride, padding, dilation)
-        return max_pool_with_indices(input, n, kernel, stride_, padding_, dilation_, ceil_mode, name)
+        return _P.max_pool_with_indices(input, n, kernel, stride_, padding_, dilation_, ceil_mode, name)
 
     fn.__name__ = fn.__qualname__ = f"max_pool{n}d_with_indices"
     fn.__doc__ = (f"``(y, indices)``, as torch.nn.functional.max_pool{n}d_with_indices: the max pool and, for "
@@ -79,7 +68,7 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     name = "max_pool3d"
     kernel, stride, padding, dilation = pool_arguments(3, name, kernel_size, stride, padding, dilation)
     if return_indices:
-        return max_pool_with_indices(input, 3, kernel, stride, padding, dilation, ceil_mode, name)
+        return _P.max_pool_with_indices(input, 3, kernel, stride, padding, dilation, ceil_mode, name)
     x = check_input(input, 3, name)
     _P._check_padding(kernel, padding, dilation, name)
     return _P._max_windows(x, 3, kernel, stride, padding, dilation, ceil_mode, name)
