@@ -6,7 +6,7 @@ See docs/design.md.
 """
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
-from funcnet.nn import transformer
+from funcnet.nn import recurrent, transformer
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
 from funcnet.nn.containers import *  # noqa: F401,F403
@@ -17,7 +17,8 @@ from funcnet.nn.linear import *  # noqa: F401,F403
 from funcnet.nn.module import *  # noqa: F401,F403
 from funcnet.nn.norm import *  # noqa: F401,F403
 from funcnet.nn.pooling import *  # noqa: F401,F403
+from funcnet.nn.recurrent import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer) for name in family.__all__]
+                               attention, recurrent, transformer) for name in family.__all__]
