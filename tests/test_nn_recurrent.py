@@ -92,7 +92,8 @@ def _inputs(rng, kind, ctor, layout, states, dtype):
 
 # every row in float32; in float64 the rows that cover both directions, several layers and lengths
 RUNS = [(c, "float32") for c in CASES] + [(c, "float64") for c in (
-    "rnn_relu_2layers_bidir_h0", "lstm_2layers_bidir_batch_first_hc_lengths", "gru_2layers_bidir_batch_first_h0_lengths",
+    "rnn_relu_2layers_bidir_h0", "lstm_2layers_bidir_batch_first_hc_lengths",
+    "gru_2layers_bidir_batch_first_h0_lengths",
     "lstm_cell_hc", "gru_cell_h")]
 
 
@@ -121,8 +122,8 @@ def test_dropout_one_between_layers_feeds_zeros_to_the_next_layer_as_torch():
     torch.manual_seed(0)
     theirs = torch.nn.LSTM(I, H, num_layers=3, dropout=1.0)
     ours = nn.LSTM(I, H, num_layers=3, dropout=1.0)
-    check_layer(ours, theirs, [rng.standard_normal((T, N, I))], train=True, kwargs=dict(key=jax.random.PRNGKey(0)),  # raw: the oracle calls twice
-                torch_kwargs={})
+    key = jax.random.PRNGKey(0)  # a raw key: the oracle calls the step twice with it
+    check_layer(ours, theirs, [rng.standard_normal((T, N, I))], train=True, kwargs=dict(key=key), torch_kwargs={})
 
 
 def test_dropout_between_layers_needs_a_key_and_draws_masks():

@@ -230,8 +230,9 @@ def _initial_carry(hx, mode, where, layers_dirs, B, batched, hidden_size, real_h
         hs = (jnp.asarray(hx),)
     for h, s, what in zip(hs, want, ("h_0", "c_0")):
         if h.shape != s:
+            size = "hidden_size" if s[-1] == hidden_size else "proj_size"
             raise ValueError(f"{where}: {what} has shape {tuple(h.shape)}, expected {s} (num_layers * num_directions"
-                             f"{', batch' if batched else ''}, {'hidden_size' if s[-1] == hidden_size else 'proj_size'})")
+                             f"{', batch' if batched else ''}, {size})")
     return tuple(h if batched else h[:, None] for h in hs)
 
 
