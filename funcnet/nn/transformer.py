@@ -9,7 +9,6 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from funcnet.nn.activation import GELU, ReLU
 from funcnet.nn.attention import MultiheadAttention
 from funcnet.nn.containers import Composite, ModuleList
 from funcnet.nn.dropout import Dropout
@@ -34,11 +33,11 @@ def _activation(activation, where: str):
     """torch accepts the strings "relu" and "gelu" (exact) or any unary callable: a function of an
     array (``jax.nn.silu``, ``functools.partial(jax.nn.gelu, approximate=True)``) or a Module
     (``nn.GELU(approximate="tanh")``), which becomes the ``activation`` child as in torch."""
-    if isinstance(activation, str):
+    if isinstance(activation, str):  # torch keeps F.relu / F.gelu, a function, not a child module
         if activation == "relu":
-            return ReLU()
+            return jax.nn.relu
         if activation == "gelu":
-            return GELU()
+            return _exact_gelu
         raise ValueError(f"{where}: activation should be 'relu' or 'gelu' (or a callable), got {activation!r}; "
                          f"torch takes only these two strings: pass a function (jax.nn.silu, "
                          f"functools.partial(jax.nn.gelu, approximate=True)) or a module (nn.SiLU()) for others")
@@ -67,8 +66,8 @@ def TransformerEncoderLayer(
     Children (torch's names, so params and state_dict keys are torch's): ``self_attn``
     (MultiheadAttention(d_model, nhead, dropout, bias, batch_first)), ``linear1`` (d_model ->
     dim_feedforward), ``dropout``, ``linear2``, ``norm1``, ``norm2``, ``dropout1``, ``dropout2``
-    (and ``activation`` when it is a Module; "relu"/"gelu" give ReLU()/GELU(), exact erf GELU
-    as torch's F.gelu).
+    (and ``activation`` when it is a Module; "relu"/"gelu" are the functions relu and exact erf
+    GELU, as torch keeps F.relu / F.gelu, which are no children).
 
     ``apply(params, src, *, src_mask=None, src_key_padding_mask=None, is_causal=False,
     key=None, train=False)``: src (S, N, d_model) ((N, S, d_model) with ``batch_first``; (S,
@@ -121,6 +120,10 @@ def TransformerEncoderLayer(
             f"activation={act_name}, layer_norm_eps={layer_norm_eps}, batch_first={batch_first}, "
             f"norm_first={norm_first}, bias={bias})")
     return Composite(_keyword_only(forward), name=name, **children)
+
+
+def _exact_gelu(x):
+    return jax.nn.gelu(x, approximate=False)
 
 
 def _activation_name(activation, act) -> str:
