@@ -88,13 +88,16 @@ def ResNet(num_classes: int = 10, widths: Sequence[int] = (16, 32), blocks: int 
 
 
 def LSTMLM(ntoken: int, ninp: int = 200, nhid: int = 200, nlayers: int = 2, dropout: float = 0.2,
-           tie_weights: bool = True, *, batch_first: bool = False, dtype=jnp.float32) -> nn.Module:
+           tie_weights: bool = True, *, batch_first: bool = False, return_hidden: bool = True,
+           dtype=jnp.float32) -> nn.Module:
     """pytorch/examples' word_language_model ``RNNModel("LSTM", ...)``: ``(log_probs, hidden)``.
 
     ``apply(params, input, hidden=None, *, key=None, train=False)``: input ``(T, B)`` token ids
     (``(B, T)`` with ``batch_first``), hidden ``(h, c)`` each ``(nlayers, B, nhid)`` (zeros when
     None, as ``init_hidden``); returns log-probabilities ``(T, B, ntoken)`` (``(B, T, ntoken)``)
-    and the new hidden state. Children ``encoder`` (Embedding), ``drop`` (Dropout), ``rnn``
+    and the new hidden state (the log-probabilities alone with ``return_hidden=False``, the form
+    ``funcnet train --model lstm`` fits on independent blocks from a zero state). Children
+    ``encoder`` (Embedding), ``drop`` (Dropout), ``rnn``
     (LSTM with ``dropout`` between layers) and ``decoder`` (Linear, its weight the encoder's when
     ``tie_weights``); init as the example's ``init_weights``: encoder and decoder weights
     U(-0.1, 0.1), decoder bias 0, the LSTM torch's default. Truncated BPTT carries ``hidden``
@@ -108,8 +111,8 @@ def LSTMLM(ntoken: int, ninp: int = 200, nhid: int = 200, nlayers: int = 2, drop
         emb = self.drop(self.encoder(input))
         output, hidden = self.rnn(emb, hidden)
         output = self.drop(output)
-        decoded = self.decoder(output)
-        return jax.nn.log_softmax(decoded, axis=-1), hidden
+        log_probs = jax.nn.log_softmax(self.decoder(output), axis=-1)
+        return (log_probs, hidden) if return_hidden else log_probs
 
     model = nn.Composite(
         forward, name=f"RNNModel(LSTM, ntoken={ntoken}, ninp={ninp}, nhid={nhid}, nlayers={nlayers})",
