@@ -326,7 +326,7 @@ def _run(opts: Options, steps: int, compile_lengths: tuple) -> Result:
     times = {
         "torch eager, Python loop of LSTMCell": _per_step(torch_step(loop_forward, loop_params)),
         "torch eager, fused nn.LSTM": _per_step(torch_step(fused_forward, list(timing_net.parameters()))),
-        "funcnet, jit + lax.scan": funcnet_step,
+        f"funcnet, jit + lax.scan ({steps} steps a call)": funcnet_step,
     }
 
     tol = opts.tol
@@ -369,10 +369,11 @@ def _run(opts: Options, steps: int, compile_lengths: tuple) -> Result:
               loop_j, scan_j, **step0),
         close("funcnet nn.LSTM == torch nn.LSTM on torch's trained weights", scan_j, fused_out, **step0),
         expect("compile time of the unrolled loop grows with the sequence, the scan's does not",
-               c_loop[-1] > 3 * c_loop[0] and c_scan[-1] < 2 * c_scan[0] and c_loop[-1] > 2 * c_scan[-1],
+               c_loop[-1] / c_loop[0] > 2 * c_scan[-1] / c_scan[0] and c_loop[-1] > 2 * c_scan[-1],
                "seconds to trace + compile one layer's forward at T = " + ", ".join(map(str, compile_lengths)) +
                ": loop " + ", ".join(f"{s:.2f}" for s in c_loop) + "; scan " + ", ".join(f"{s:.2f}" for s in c_scan)
-               + " (bars: loop x3 from first to last, scan under x2, loop over 2x scan at the longest)"),
+               + " (bars: the loop's growth from first to last over twice the scan's, and the loop over twice "
+                 "the scan at the longest; wall times, so ratios of ratios on a loaded machine)"),
     ]
     t_np, j_np = np.asarray(t_losses, np.float64), np.asarray(j_losses, np.float64)
     shown = [0, 1, steps // 2, steps - 1]
@@ -382,7 +383,7 @@ def _run(opts: Options, steps: int, compile_lengths: tuple) -> Result:
         f"truncated BPTT {BPTT} x batch {BSZ}, clip_grad_norm_({CLIP}), SGD lr {LR:g}, {steps} steps:",
         *[f"  step {s:3d}: loss {t_np[s]:.6f}" for s in shown],
         "step time (forward + backward + clip + SGD, warm, one thread), ratio to funcnet's jit + lax.scan:",
-        *[f"  {name:38s} {1e3 * s:7.2f} ms  x{s / funcnet_step:.2f}" for name, s in times.items()],
+        *[f"  {name:44s} {1e3 * s:7.2f} ms  x{s / funcnet_step:.2f}" for name, s in times.items()],
     ])
     j_out = "\n".join([
         f"funcnet.models.LSTMLM: {sum(a.size for a in jax.tree.leaves(params0))} params (one tied array)",
