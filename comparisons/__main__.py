@@ -28,7 +28,7 @@ from comparisons._terminal import print_result, print_summary  # noqa: F401 (the
 # net, the loop, then scaling up. Comparisons not listed here run after these.
 ORDER = [
     "tensors", "autograd", "autograd_from_scratch", "dynamic_graph", "modules", "buffers", "two_layer_net",
-    "training_loop", "mixed_precision", "data_parallel", "memory", "performance", "paradigms", "gpt",
+    "training_loop", "mixed_precision", "data_parallel", "memory", "performance", "paradigms", "gpt", "recurrent",
     "activation_checkpointing", "fsdp",
 ]
 # The comparisons whose float64 mode is part of the contract (agreement to ~1e-10).

@@ -4,6 +4,9 @@
   trains), its input the flat 64 features the data sets give, unflattened to 1x8x8.
 - ``BasicBlock`` / ``ResNet``: torchvision's residual block (two 3x3 convs with BatchNorm,
   a 1x1 conv + BatchNorm downsample when the shape changes) and a small ResNet of them.
+- ``LSTMLM``: pytorch/examples' word-language-model ``RNNModel`` with an LSTM (embedding,
+  dropout, stacked LSTM, dropout, a decoder tied to the embedding, log-softmax); its torch
+  twin is in ``comparisons/recurrent.py``.
 
 Each is an ``nn.Composite`` whose ``forward`` reads like the torch ``forward``; the params
 and state (BatchNorm's running statistics) have the torch module's state_dict keys. The
@@ -15,10 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 
 from funcnet import nn
 
-__all__ = ["ConvNet", "BasicBlock", "ResNet"]
+__all__ = ["ConvNet", "BasicBlock", "ResNet", "LSTMLM", "init_hidden"]
 
 
 def ConvNet(num_classes: int = 10, channels: Sequence[int] = (16, 32), image: int = 8) -> nn.Module:
@@ -81,3 +85,55 @@ def ResNet(num_classes: int = 10, widths: Sequence[int] = (16, 32), blocks: int 
         conv1=nn.Conv2d(1, widths[0], 3, 1, 1, bias=False), bn1=nn.BatchNorm2d(widths[0]), relu=nn.ReLU(),
         layers=nn.ModuleList(stages), avgpool=nn.AdaptiveAvgPool2d(1), flatten=nn.Flatten(),
         fc=nn.Linear(widths[-1], num_classes))
+
+
+def LSTMLM(ntoken: int, ninp: int = 200, nhid: int = 200, nlayers: int = 2, dropout: float = 0.2,
+           tie_weights: bool = True, *, batch_first: bool = False, return_hidden: bool = True,
+           dtype=jnp.float32) -> nn.Module:
+    """pytorch/examples' word_language_model ``RNNModel("LSTM", ...)``: ``(log_probs, hidden)``.
+
+    ``apply(params, input, hidden=None, *, key=None, train=False)``: input ``(T, B)`` token ids
+    (``(B, T)`` with ``batch_first``), hidden ``(h, c)`` each ``(nlayers, B, nhid)`` (zeros when
+    None, as ``init_hidden``); returns log-probabilities ``(T, B, ntoken)`` (``(B, T, ntoken)``)
+    and the new hidden state (the log-probabilities alone with ``return_hidden=False``, the form
+    ``funcnet train --model lstm`` fits on independent blocks from a zero state). Children
+    ``encoder`` (Embedding), ``drop`` (Dropout), ``rnn``
+    (LSTM with ``dropout`` between layers) and ``decoder`` (Linear, its weight the encoder's when
+    ``tie_weights``); init as the example's ``init_weights``: encoder and decoder weights
+    U(-0.1, 0.1), decoder bias 0, the LSTM torch's default. Truncated BPTT carries ``hidden``
+    from one batch to the next under ``jax.lax.stop_gradient`` (torch: ``hidden.detach()``).
+    """
+    if tie_weights and nhid != ninp:
+        raise ValueError(f"LSTMLM: when using the tied flag, nhid must be equal to emsize (ninp): got nhid={nhid}, "
+                         f"ninp={ninp}; pass nhid={ninp} or tie_weights=False")
+
+    def forward(self, input, hidden=None):
+        emb = self.drop(self.encoder(input))
+        output, hidden = self.rnn(emb, hidden)
+        output = self.drop(output)
+        log_probs = jax.nn.log_softmax(self.decoder(output), axis=-1)
+        return (log_probs, hidden) if return_hidden else log_probs
+
+    model = nn.Composite(
+        forward, name=f"RNNModel(LSTM, ntoken={ntoken}, ninp={ninp}, nhid={nhid}, nlayers={nlayers})",
+        tied={"decoder.weight": "encoder.weight"} if tie_weights else None,
+        drop=nn.Dropout(dropout), encoder=nn.Embedding(ntoken, ninp, dtype=dtype),
+        rnn=nn.LSTM(ninp, nhid, nlayers, dropout=dropout if nlayers > 1 else 0.0, batch_first=batch_first,
+                    dtype=dtype),
+        decoder=nn.Linear(nhid, ntoken, dtype=dtype))
+
+    def init(key):
+        key, k_enc, k_dec = jax.random.split(key, 3)
+        params = model.init(key)
+        params["encoder"]["weight"] = jax.random.uniform(k_enc, (ntoken, ninp), dtype, -0.1, 0.1)
+        params["decoder"]["bias"] = jnp.zeros((ntoken,), dtype)
+        if not tie_weights:
+            params["decoder"]["weight"] = jax.random.uniform(k_dec, (ntoken, nhid), dtype, -0.1, 0.1)
+        return params
+
+    return model._replace(init=init)
+
+
+def init_hidden(nlayers: int, bsz: int, nhid: int, dtype=jnp.float32):
+    """The example's ``init_hidden(bsz)``: zeros ``(h, c)``, each ``(nlayers, bsz, nhid)``."""
+    return jnp.zeros((nlayers, bsz, nhid), dtype), jnp.zeros((nlayers, bsz, nhid), dtype)

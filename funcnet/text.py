@@ -130,15 +130,17 @@ def unigram_entropy(ids=None) -> float:
 
 
 def complete(model, params, prompt: str, max_new_tokens: int, *, key, temperature: float = 1.0,
-             top_k: int | None = None, greedy: bool = False, vocab: Vocab | None = None) -> str:
+             top_k: int | None = None, greedy: bool = False, vocab: Vocab | None = None,
+             block_size: int | None = None) -> str:
     """``prompt`` followed by ``max_new_tokens`` characters from ``funcnet.gpt.generate``
-    (an empty prompt starts from "\\n", as nanoGPT's sample.py)."""
+    (an empty prompt starts from "\\n", as nanoGPT's sample.py). ``block_size``: the context
+    kept, for a model without a GPT's position embedding (the LSTM)."""
     from funcnet.gpt import generate
 
     vocab = vocabulary() if vocab is None else vocab
     ids = vocab.encode(prompt or "\n")[None]
     out = generate(model, params, ids, max_new_tokens, key=key, temperature=temperature, top_k=top_k,
-                   greedy=greedy)
+                   greedy=greedy, block_size=block_size)
     text = vocab.decode(np.asarray(out)[0])
     return text if prompt else text[1:]
 

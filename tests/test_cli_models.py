@@ -112,3 +112,32 @@ def test_gpt_flags_that_do_not_fit_are_refused(tmp_path, capsys):
     for i, (flags, message) in enumerate(cases):
         assert cli.main(["train", *flags, "--out", str(tmp_path / str(i))]) == 2, flags
         assert message in capsys.readouterr().err
+
+
+TINY_LSTM = ["--model", "lstm", "--n-layer", "1", "--n-embd", "32", "--block-size", "16", "--batch-size", "1024",
+             "--lr", "0.05", "--sample-chars", "20", "--quiet"]
+
+
+@pytest.mark.slow
+def test_lstm_trains_on_the_bundled_text_with_checkpoints_in_bf16(tmp_path):
+    out = tmp_path / "lstm"
+    assert cli.main(["train", *TINY_LSTM, "--epochs", "1", "--precision", "bf16", "--out", str(out),
+                     "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "10"]) == 0
+    params = np.load(out / "params.npz")
+    # word_language_model's state_dict: the tied decoder is listed under both names, as torch lists it
+    assert {"encoder.weight", "decoder.weight", "rnn.weight_hh_l0", "decoder.bias"} <= set(params.files)
+    np.testing.assert_array_equal(params["decoder.weight"], params["encoder.weight"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["final"]["test_loss"] < metrics["unigram_baseline"]  # beats a model that ignores context
+    assert len(metrics["sample"]) == 1 + 20 and metrics["model"].startswith("RNNModel(LSTM")
+
+
+def test_lstm_flags_that_do_not_fit_are_refused(tmp_path, capsys):
+    cases = [(["--model", "lstm", "--dataset", "digits"], "--model lstm does not train on --dataset digits"),
+             (["--model", "lstm", "--n-head", "2"], "--n-head set the GPT; --model lstm has no such setting"),
+             (["--model", "lstm", "--remat", "full"], "--remat set the GPT; --model lstm has no such setting"),
+             (["--model", "lstm", "--hidden", "64"], "--hidden sets the MLP's layers; --model lstm takes"),
+             (["--model", "lstm", "--stream", str(tmp_path / "s")], "--model lstm trains on --dataset text")]
+    for i, (flags, message) in enumerate(cases):
+        assert cli.main(["train", *flags, "--out", str(tmp_path / str(i))]) == 2, flags
+        assert message in capsys.readouterr().err

@@ -202,10 +202,12 @@ def test_init_is_torchs():
     assert abs(np.std(np.concatenate([sd["bias_k"].ravel(), sd["bias_v"].ravel()])) - 1 / math.sqrt(big)) < 0.02
 
 
-def test_name_lists_the_non_default_arguments():
-    # name is a plain repr built from the arguments
-    assert nn.MultiheadAttention(8, 2, batch_first=True).name == "MultiheadAttention(embed_dim=8, num_heads=2, " \
-                                                                  "batch_first=True)"
+def test_name_is_torchs_repr_and_messages_list_the_non_default_arguments():
+    # name is torch's repr (the tree of out_proj); error messages name the arguments
+    model = nn.MultiheadAttention(8, 2, batch_first=True)
+    assert model.name == repr(torch.nn.MultiheadAttention(8, 2, batch_first=True))
+    with pytest.raises(ValueError, match=r"MultiheadAttention\(embed_dim=8, num_heads=2, batch_first=True\)"):
+        model.apply(model.init(jax.random.key(0)), jnp.zeros((2, 3, 5)), jnp.zeros((2, 3, 5)), jnp.zeros((2, 3, 5)))
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -83,10 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=32)
     t.add_argument("--lr", type=_positive_float, default=1e-3)
     t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
-    t.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp",
+    t.add_argument("--model", choices=["mlp", "cnn", "gpt", "lstm"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
                         "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "
-                        "--dataset text")
+                        "--dataset text; lstm: funcnet.models.LSTMLM, word_language_model's tied LSTM, on "
+                        "--dataset text (--block-size, --n-layer, --n-embd, --sample-chars apply)")
     g = t.add_argument_group("--model gpt")
     g.add_argument("--block-size", type=_positive_int, default=None, help="context length (default 64)")
     g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3)")

@@ -90,8 +90,9 @@ def _check_stream_flags(args) -> None:
                              f"--stream DIR to train from records on disk, or leave --workers out")
         return
     args.workers = args.workers or 0
-    if args.model == "gpt":
-        raise UsageError(f"--stream {args.stream} reads image or feature records with class labels; --model gpt "
+    if args.model in ("gpt", "lstm"):
+        raise UsageError(f"--stream {args.stream} reads image or feature records with class labels; --model "
+                         f"{args.model} "
                          f"trains on --dataset text in memory: leave --stream out")
     if args.devices > 1 or args.parallel is not None:
         given = f"--devices {args.devices}" if args.devices > 1 else f"--parallel {args.parallel}"

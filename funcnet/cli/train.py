@@ -133,10 +133,10 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     history = done + history
 
     metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
-    if args.model == "gpt":  # nats per character against a model that ignores context, and a greedy sample
+    if args.dataset == "text":  # nats per character against a model that ignores context, and a greedy sample
         metrics["unigram_baseline"] = text.unigram_entropy()
         metrics["sample"] = text.complete(model, state.params, "\n", args.sample_chars, key=jax.random.key(args.seed),
-                                          greedy=True)
+                                          greedy=True, block_size=args.block_size)
         print(f"validation loss {metrics['final'].get('test_loss', float('nan')):.3f} nats/char "
               f"(unigram baseline {metrics['unigram_baseline']:.3f}); greedy sample:\n{metrics['sample']}")
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
@@ -159,6 +159,12 @@ def _build_model(args, n_features: int, n_classes: int):
             raise UsageError("--hidden sets the MLP's layers; --model gpt takes --n-layer, --n-head, --n-embd")
         model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
                           remat=args.remat)
+        return model, model.name
+    if args.model == "lstm":
+        if args.hidden is not None:
+            raise UsageError("--hidden sets the MLP's layers; --model lstm takes --n-layer and --n-embd")
+        model = models.LSTMLM(n_classes, args.n_embd, args.n_embd, args.n_layer, dropout=0.0, batch_first=True,
+                              return_hidden=False)
         return model, model.name
     if args.model == "mlp":
         args.hidden = args.hidden or [128]
@@ -254,16 +260,28 @@ def _parallel_flags(args) -> None:
 
 
 _GPT_FLAGS = {"block_size": 64, "n_layer": 3, "n_head": 4, "n_embd": 96, "sample_chars": 200, "remat": None}
+_LSTM_FLAGS = {"block_size": 64, "n_layer": 2, "n_embd": 128, "sample_chars": 200}
+_TEXT_MODELS = ("gpt", "lstm")
 
 
 def _check_model_flags(args) -> None:
-    """--model and --dataset go together (gpt reads text, the others images or features);
-    the GPT's flags get their defaults, and are refused for the other models."""
+    """--model and --dataset go together (gpt and lstm read text, the others images or features);
+    the text models' flags get their defaults, and are refused for the models without them."""
     if args.dataset is None:
-        args.dataset = "text" if args.model == "gpt" else "digits"
-    if (args.model == "gpt") != (args.dataset == "text"):
-        raise UsageError(f"--model {args.model} does not train on --dataset {args.dataset}: --model gpt reads "
-                         f"--dataset text and the other models read digits, mnist or synthetic")
+        args.dataset = "text" if args.model in _TEXT_MODELS else "digits"
+    if (args.model in _TEXT_MODELS) != (args.dataset == "text"):
+        raise UsageError(f"--model {args.model} does not train on --dataset {args.dataset}: --model gpt and --model "
+                         f"lstm read --dataset text and the other models read digits, mnist or synthetic")
+    if args.model == "lstm":
+        given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS
+                 if k not in _LSTM_FLAGS and getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} set the GPT; --model lstm has no such setting: leave "
+                             f"{'them' if len(given) > 1 else 'it'} out or pass --model gpt")
+        for k, default in _LSTM_FLAGS.items():
+            if getattr(args, k) is None:
+                setattr(args, k, default)
+        return
     if args.model != "gpt":
         given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS if getattr(args, k) is not None]
         if given:

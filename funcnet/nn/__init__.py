@@ -6,7 +6,7 @@ See docs/design.md.
 """
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling
-from funcnet.nn import transformer
+from funcnet.nn import recurrent, transformer
 from funcnet.nn import functional, instancenorm, padding, pooling_extra, resample  # noqa: F401  (functional: torch.nn.functional)
 from funcnet.nn.activation import *  # noqa: F401,F403
 from funcnet.nn.attention import *  # noqa: F401,F403
@@ -18,6 +18,7 @@ from funcnet.nn.linear import *  # noqa: F401,F403
 from funcnet.nn.module import *  # noqa: F401,F403
 from funcnet.nn.norm import *  # noqa: F401,F403
 from funcnet.nn.pooling import *  # noqa: F401,F403
+from funcnet.nn.recurrent import *  # noqa: F401,F403
 from funcnet.nn.transformer import *  # noqa: F401,F403
 from funcnet.nn.instancenorm import *  # noqa: F401,F403
 from funcnet.nn.padding import *  # noqa: F401,F403
@@ -25,5 +26,5 @@ from funcnet.nn.pooling_extra import *  # noqa: F401,F403
 from funcnet.nn.resample import *  # noqa: F401,F403
 
 __all__ = [name for family in (module, containers, linear, activation, dropout, conv, pooling, norm, embedding,
-                               attention, transformer, resample, padding, instancenorm,
+                               attention, recurrent, transformer, resample, padding, instancenorm,
                                pooling_extra) for name in family.__all__]

@@ -198,7 +198,10 @@ def MultiheadAttention(
             weights = weights[0]
         return out, weights
 
-    return Module(init, apply, name=name)
+    # torch's repr is the tree of its one child, out_proj (messages above use the one-line name)
+    tree = (f"MultiheadAttention(\n  (out_proj): NonDynamicallyQuantizableLinear(in_features={E}, out_features={E}, "
+            f"bias={bias})\n)")
+    return Module(init, apply, name=tree)
 
 
 def _check_inputs(name, query, key, value, embed_dim, kdim, vdim) -> bool:

@@ -50,7 +50,26 @@ class Module(NamedTuple):
         return self.init_state is not None
 
     def __repr__(self) -> str:
-        return self.name
+        """torch's ``repr``: a layer's one line; a module with children prints their tree as
+        ``print(torch_module)`` does (ModuleList folds equal neighbours into ``(0-2): 3 x ...``)."""
+        listed = [(n, c) for n, c in self.children if isinstance(c, Module)]
+        if not self.children:
+            return self.name
+        head = self.name.split("(")[0]
+        reprs = [(n, repr(c)) for n, c in listed]
+        if head == "ModuleList":
+            runs: list[list] = []
+            for i, (n, r) in enumerate(reprs):
+                if runs and runs[-1][2] == r:
+                    runs[-1][1] = n
+                else:
+                    runs.append([n, n, r])
+            lines = [f"({a}): {r}" if a == b else f"({a}-{b}): {int(b) - int(a) + 1} x {r}" for a, b, r in runs]
+        else:
+            lines = [f"({n}): {r}" for n, r in reprs]
+        if not lines:
+            return head + "()"
+        return head + "(\n  " + "\n  ".join(line.replace("\n", "\n  ") for line in lines) + "\n)"
 
 
 def initial_state(model: Module) -> State:
