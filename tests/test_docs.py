@@ -79,3 +79,63 @@ def test_every_relative_link_and_image_in_the_docs_is_a_file_of_the_repository()
             if not (path.parent / target).resolve().exists():
                 missing.append(f"{path.relative_to(ROOT)} -> {target}")
     assert not missing, missing
+
+
+# ----------------------------------------------------------------------------- printed figures
+def funcnet_command(command: str) -> str:
+    """The output of a ``funcnet ...`` command line quoted in the docs, run from this checkout."""
+    import shlex
+
+    argv = shlex.split(command)
+    assert argv[0] == "funcnet", command
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="200")
+    done = subprocess.run([sys.executable, "-c", "import sys; from funcnet.cli import main; sys.exit(main(sys.argv[1:]))",
+                           *argv[1:]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def _readme_paragraph(start: str) -> str:
+    text = " ".join((ROOT / "README.md").read_text().split())  # lines joined, as the page shows them
+    i = text.index(start)
+    return text[i: i + 1200]
+
+
+def test_readme_transformer_memory_figures_are_what_the_command_prints():
+    import re
+
+    paragraph = _readme_paragraph("**Memory.** `funcnet memory --transformer")
+    command = re.search(r"`(funcnet memory --transformer[^`]+)`", paragraph).group(1)
+    printed = funcnet_command(command)
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"(params|grads|optimizer|activations)\s*│\s*[\d,]+\s*│\s*"
+                                                          r"([\d.]+) GB", printed)}
+    n_params = re.search(r"([\d,]+) parameters", printed).group(1)
+    claimed = re.search(r"the ([\d.]+)B parameters of that shape, ([\d.]+) GB params \+ ([\d.]+) GB grads \+ "
+                        r"([\d.]+) GB Adam \+ ([\d.]+) GB of activations", paragraph)
+    assert claimed, paragraph
+    assert claimed.group(1) == f"{int(n_params.replace(',', '')) / 1e9:.2f}"
+    assert claimed.groups()[1:] == (rows["params"], rows["grads"], rows["optimizer"], rows["activations"]), \
+        (claimed.groups(), rows)
+
+
+def test_readme_7b_table_figures_are_what_the_command_prints():
+    import re
+
+    paragraph = _readme_paragraph("`funcnet memory --params 7B --optimizer adam` prints")
+    printed = funcnet_command("funcnet memory --params 7B --optimizer adam")
+    claimed = re.search(r"(\d+) GB of params, (\d+) GB of gradients and (\d+) GB of Adam state \((\d+) GB\)", paragraph)
+    rows = {m.group(1): float(m.group(2)) for m in re.finditer(r"(params|grads|optimizer)\s*│\s*[\d,]+\s*│\s*"
+                                                                r"([\d.]+) GB", printed)}
+    assert claimed and rows, (paragraph, printed)
+    params, grads, adam, total = map(int, claimed.groups())
+    assert (params, grads, adam) == (round(rows["params"]), round(rows["grads"]), round(rows["optimizer"]))
+    assert total == params + grads + adam
+
+
+def test_readme_counts_every_comparison():
+    import re
+
+    from comparisons.__main__ import available
+
+    claimed = re.search(r"It covers (\d+) comparisons", (ROOT / "README.md").read_text())
+    assert claimed and int(claimed.group(1)) == len(available()), (claimed, available())

@@ -63,3 +63,7 @@ def test_example_quick(name):
 def test_example_full(name):
     done = run_example(name, timeout=3600)
     assert done.returncode == 0, f"examples/{name}.py exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    if name == "loss_scaling_underflow":  # the README's figures are this run's
+        lo, hi, slo, shi = re.search(RESULT[name][0], done.stdout).groups()
+        assert f"without scaling {lo}%-{hi}% of the float16" in readme and f"2**16, {slo}%-{shi}% do" in readme
