@@ -60,7 +60,8 @@ def _fmt_seconds(seconds: float | None) -> str:
 
 
 def _timing(side: Side) -> str:
-    return (f"first call {fmt_seconds(side.seconds)}, compile {fmt_seconds(side.compile_seconds)}, "
+    compiled = fmt_seconds(side.compile_seconds) if side.compile_seconds else "n/a"  # torch eager: nothing
+    return (f"first call {fmt_seconds(side.seconds)}, compile {compiled}, "
             f"steady {fmt_seconds(side.steady_seconds)}")
 
 

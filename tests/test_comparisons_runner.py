@@ -50,8 +50,9 @@ def test_report_and_json_carry_the_timing_split(monkeypatch, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| [paradigms](#paradigms) | PASS | 1/1 | 15.0 ms | 15.0 ms | 2.45 s | 2.40 s | 41.0 ms |" in report
     assert "### JAX (first call 2.45 s, compile 2.40 s, steady 41.0 ms)" in report
+    assert "### PyTorch (first call 15.0 ms, compile n/a, steady 15.0 ms)" in report  # eager compiles nothing
     (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
-    assert result["jax"] == {"output": "2", "seconds": 2.45, "first_call_seconds": 2.45, "compile_seconds": 2.4,
+    assert result["jax"] == {"output": "2", "source": "a = 2", "seconds": 2.45, "first_call_seconds": 2.45, "compile_seconds": 2.4,
                              "steady_seconds": 0.041}
 
 
