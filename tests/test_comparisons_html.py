@@ -156,3 +156,22 @@ def test_concept_map_matches_the_readme():
 def test_render_escapes_and_marks_failures():
     html = render([_failing()])
     assert 'class="badge fail"' in html and "one is not two" in html and "rtol 0, atol 0" in html
+
+
+def test_the_readme_screenshot_command_writes_a_picture_of_the_page(tmp_path):
+    from comparisons import _screenshot
+
+    driver, why = _browser()
+    if driver is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    driver.quit()
+    page = write_page([_failing()], tmp_path / "page", Options())
+    assert _screenshot.main([str(page), str(tmp_path / "shot.png")]) == 0
+    from PIL import Image
+
+    with Image.open(tmp_path / "shot.png") as image:
+        assert image.size[0] == 1440 and image.size[1] > 1000 and image.mode == "P"
+    assert "python -m comparisons._screenshot page/index.html docs/img/comparisons_page.png" in \
+        (Path(__file__).resolve().parents[1] / "README.md").read_text()
