@@ -35,8 +35,8 @@ __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 TITLE = "FSDP / ZeRO-3: torch fully_shard (2 gloo processes) vs jit + NamedSharding on 1, 2, 4, 8 devices"
 
 # A hang detector, not a speed bar: with other jobs on the machine (load average 20 on 2 cores)
-# the JAX child took more than 400 s where it takes about 100 s alone, and a fixed 300-400 s
-# limit failed runs that would have passed.
+# fsdp's JAX child ran past 400 s, where the whole comparison takes about 200 s on a lightly
+# loaded machine, and a fixed 300-400 s limit failed runs that would have passed.
 HANG_SECONDS = 1800
 WORLD = 2  # torch processes
 DEVICES = (1, 2, 4, 8)

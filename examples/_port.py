@@ -87,11 +87,11 @@ def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarr
 
 
 def main(argv, *, description: str, name: str, torch_model, funcnet_model, torch_sources, funcnet_sources,
-         epochs: int) -> int:
+         epochs: int, min_accuracy: float = 0.9) -> int:
     """A port example's command line: compare ``funcnet_model()`` with ``torch_model()`` from the
     same weights (``--steps`` SGD-momentum steps, ``--float64``), print both models' lines of code
     (of ``torch_sources`` and ``funcnet_sources``), then train the funcnet model on digits for
-    ``--epochs``. Exit 1 on a mismatch or a test accuracy of 0.9 or less (``--quick``: one epoch, two
+    ``--epochs``. Exit 1 on a mismatch or a test accuracy of ``min_accuracy`` or less (``--quick``: one epoch, two
     compared steps, a bar of 0.5, five times chance), naming the bar missed."""
     import argparse
     import sys
@@ -102,7 +102,7 @@ def main(argv, *, description: str, name: str, torch_model, funcnet_model, torch
     parser.add_argument("--float64", action="store_true", help="compare in float64 (JAX x64 on)")
     parser.add_argument("--quick", action="store_true", help="1 epoch, 2 compared steps: the CI setting")
     args = parser.parse_args(argv)
-    bar = 0.9
+    bar = min_accuracy
     if args.quick:
         args.epochs, args.steps, bar = 1, 2, 0.5
     if args.float64:
