@@ -23,6 +23,7 @@ import jax
 
 import funcnet
 from funcnet import gpt, text
+from funcnet.callbacks import Callback
 
 
 def main(argv=None) -> dict:
@@ -76,7 +77,7 @@ def main(argv=None) -> dict:
         last = now
 
     state, history = funcnet.fit(model, tx, train, val, epochs=args.epochs, batch_size=args.batch_size,
-                                 key=key_init, progress=False, on_epoch=on_epoch)
+                                 key=key_init, progress=False, callbacks=[Callback(on_epoch=on_epoch)])
     seconds = time.perf_counter() - start
     val_loss = history[-1]["test_loss"]
     baseline = text.unigram_entropy()

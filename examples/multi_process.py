@@ -65,7 +65,9 @@ def worker(args) -> int:
     import numpy as np
     import optax
 
+    import funcnet
     from funcnet import data, nn, parallel, state_dict
+    from funcnet.callbacks import Callback
 
     parallel.simulate_cpu_devices(args.devices_per_process)  # must precede the first JAX array
     cluster = parallel.initialize(args.coordinator, args.num_processes, args.process_id,
@@ -85,9 +87,10 @@ def worker(args) -> int:
 
     start = time.perf_counter()
     try:
-        state, history = parallel.fit(model, tx, (x_tr, y_tr), test, epochs=args.epochs,
-                                      batch_size=args.batch_size, key=jax.random.key(args.seed),
-                                      kind=args.parallel, on_epoch=report)
+        state, history = funcnet.fit(model, tx, (x_tr, y_tr), test, epochs=args.epochs,
+                                     batch_size=args.batch_size, key=jax.random.key(args.seed), progress=False,
+                                     strategy=args.parallel,
+                                     callbacks=[Callback(on_epoch=report)])
     except jax.errors.JaxRuntimeError as e:  # a collective whose peer is gone
         print(f"{me} training stopped: a peer process failed: {e}", file=sys.stderr, flush=True)
         return 1

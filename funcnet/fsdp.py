@@ -37,7 +37,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from funcnet import losses as _losses
-from funcnet import train as _train
+from funcnet import step as _step
 
 __all__ = ["mesh", "param_spec", "tree_shardings", "state_shardings", "shard_state", "make_fsdp_step",
            "collectives", "per_device_bytes", "ZERO_LEVELS"]
@@ -78,7 +78,7 @@ def tree_shardings(tree: Any, mesh: Mesh, *, min_size: int = MIN_SIZE) -> Any:
                                                                  min_size=min_size)), tree)
 
 
-def state_shardings(state: _train.TrainState, mesh: Mesh, *, zero: int = 3, min_size: int = MIN_SIZE):
+def state_shardings(state: _step.TrainState, mesh: Mesh, *, zero: int = 3, min_size: int = MIN_SIZE):
     """Shardings of a ``TrainState`` (the same structure): see the module docstring for ``zero``."""
     if zero not in ZERO_LEVELS:
         raise ValueError(f"zero must be one of {ZERO_LEVELS} (0: replicate all, 1: shard the optimizer state, "
@@ -91,7 +91,7 @@ def state_shardings(state: _train.TrainState, mesh: Mesh, *, zero: int = 3, min_
                           loss_scale=rep(state.loss_scale), model_state=rep(state.model_state))
 
 
-def shard_state(state: _train.TrainState, shardings) -> _train.TrainState:
+def shard_state(state: _step.TrainState, shardings) -> _step.TrainState:
     """Place ``state`` on the devices with ``shardings`` (each device gets its slice)."""
     return jax.device_put(state, shardings)
 
@@ -114,7 +114,7 @@ def make_fsdp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: M
     (axis_name,) = mesh.axis_names
     shardings = state_shardings(state, mesh, zero=zero, min_size=min_size)
     split = NamedSharding(mesh, P(axis_name))
-    raw = _train.make_step(model, tx, loss_fn, donate=False, **step_options).raw
+    raw = _step.make_step(model, tx, loss_fn, donate=False, **step_options).raw
 
     def sharded(state, batch):
         new_state, metrics = raw(state, batch)

@@ -33,11 +33,12 @@ from jax.sharding import PartitionSpec as P
 
 from funcnet import data as _data
 from funcnet import losses as _losses
-from funcnet import train as _train
+from funcnet import step as _step
+from funcnet.epoch import _run_epoch_in_parts
 
 __all__ = ["KINDS", "simulate_cpu_devices", "data_mesh", "replicate", "unreplicate", "shard",
            "make_shard_map_step", "make_sharded_step", "DataParallel", "data_parallel", "check_batch_size",
-           "steps_between", "run_epoch", "fit", "Cluster", "initialize", "process_slice"]
+           "steps_between", "run_epoch", "Cluster", "initialize", "process_slice"]
 
 KINDS = ("pmap", "shard_map", "sharding")
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -179,7 +180,7 @@ def make_shard_map_step(model, tx, loss_fn, mesh: Mesh, *, accum_steps: int = 1,
         raise ValueError("buffers='local' keeps one model state per device, which a replicated state under "
                          "shard_map cannot hold; use kind='pmap' (its state has a device axis) or "
                          "buffers='broadcast'")
-    per_device = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name=axis,
+    per_device = _step.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name=axis,
                                   donate=False, **step_options).raw
     mapped = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
     step = jax.jit(mapped, donate_argnums=(0,) if donate else ())
@@ -199,7 +200,7 @@ def make_sharded_step(model, tx, loss_fn, mesh: Mesh, *, accum_steps: int = 1, d
     """
     replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(_axis(mesh)))
     step_options.pop("buffers", None)
-    global_step = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, donate=False,
+    global_step = _step.make_step(model, tx, loss_fn, accum_steps=accum_steps, donate=False,
                                    **step_options).raw
 
     def raw(state, batch):
@@ -246,7 +247,7 @@ def data_parallel(model, tx, loss_fn=_losses.cross_entropy, *, kind: str = "shar
         if jax.process_count() > 1 and len(local) != jax.local_device_count():
             raise ValueError(f"pmap over several processes uses every local device ({jax.local_device_count()}),"
                              f" got devices={devices}; leave devices out or use kind='shard_map'")
-        step = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name="data", donate=donate,
+        step = _step.make_step(model, tx, loss_fn, accum_steps=accum_steps, axis_name="data", donate=donate,
                                 **step_options)
 
         def put_batch(batch):
@@ -312,26 +313,18 @@ def run_epoch(dp: DataParallel, state, x, y, *, batch_size: int):
     """One shuffled epoch of ``dp.step``; ``(state, metrics)``, metrics of shape ``(steps,)``.
 
     ``state`` is placed (``dp.put_state``). The shuffle and the keys follow
-    ``train.run_epoch`` exactly, so a run equals the single-device run of the same seed.
+    ``train.run_epoch`` exactly (the same epoch code as ``fit``'s), so a run equals the
+    single-device run of the same seed.
     """
     batch_size = _data.check_batch_size(batch_size, len(x))
     check_batch_size(batch_size, dp)
-    key, perm_key = jax.random.split(dp.get(state.key))
-    state = state._replace(key=dp.put_state(key))
-    indices = np.asarray(_data.epoch_indices(perm_key, len(x), batch_size))
-    return steps_between(dp, state, indices, 0, len(indices), x=np.asarray(x), y=np.asarray(y))
+    x, y = np.asarray(x), np.asarray(y)
 
+    def run_steps(state, indices, lo, hi):
+        return steps_between(dp, state, indices, lo, hi, x=x, y=y)
 
-def fit(model, tx, train_data, test_data=None, *, epochs: int, batch_size: int, key: jax.Array,
-        kind: str = "shard_map", devices: int | None = None, **fit_options):
-    """``train.fit`` on several devices: ``train.fit(..., parallel=kind, devices=devices)``.
-
-    Same seed, same data: the same result as one device (up to float summation order),
-    with every option of ``train.fit`` (policy, loss scale, checkpoint callbacks, resume).
-    """
-    fit_options.setdefault("progress", False)
-    return _train.fit(model, tx, train_data, test_data, epochs=epochs, batch_size=batch_size, key=key,
-                      parallel=kind, devices=devices, **fit_options)
+    return _run_epoch_in_parts(run_steps, state, len(x), batch_size, _step.Position(), None, None, dp.get,
+                               dp.put_state)
 
 
 class Cluster(NamedTuple):

@@ -18,7 +18,7 @@ float16 gradients do not underflow, skip the step when they overflow).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,8 @@ __all__ = [
     "LossScale",
     "all_finite",
     "select_tree",
+    "Precision",
+    "resolve_precision",
 ]
 
 _DTYPES = {**dict.fromkeys(["float32", "f32", "fp32", "float", "full", "single"], jnp.float32),
@@ -357,3 +359,44 @@ class NoOpLossScale:
 
 
 LossScale = DynamicLossScale | StaticLossScale | NoOpLossScale
+
+
+class Precision(NamedTuple):
+    """``fit(precision=...)`` spelled out: a policy (or None: float32) and the initial loss-scale
+    state (or None: no scaling). ``Precision("fp16", DynamicLossScale(init_scale=2.0**10))``."""
+
+    policy: Any = None
+    loss_scale: Any = None
+
+
+# Lightning's precision strings (``Trainer(precision=...)``) and ours, as (policy, scaled?).
+_LIGHTNING = {"32": (None, False), "32-true": (None, False), "fp32": (None, False),
+              "bf16-mixed": ("bf16", False), "bf16": ("bf16", False),
+              "16-mixed": ("fp16", True), "fp16": ("fp16", True)}
+
+
+def resolve_precision(precision: Any) -> tuple[Any, Any]:
+    """``(policy, loss_scale)`` for ``fit(precision=...)``.
+
+    ``None``/``"32"``/``"32-true"``/``"fp32"``: float32, no scaling. ``"bf16-mixed"``/``"bf16"``:
+    float32 master params, bfloat16 compute, no scaling (bfloat16 has float32's range).
+    ``"16-mixed"``/``"fp16"``: float16 compute with ``DynamicLossScale()``, torch's GradScaler
+    defaults. A ``Policy`` or a policy string (``"params=float32,compute=bfloat16,output=float32"``)
+    runs unscaled; ``Precision(policy, loss_scale)`` gives both.
+    """
+    if isinstance(precision, Precision):
+        return (None if precision.policy is None else get_policy(precision.policy)), precision.loss_scale
+    if precision is None or isinstance(precision, Policy):
+        return precision, None
+    if isinstance(precision, str):
+        key = precision.strip().lower()
+        if key in _LIGHTNING:
+            policy, scaled = _LIGHTNING[key]
+            return policy, DynamicLossScale() if scaled else None
+        if "=" in key:
+            return get_policy(precision), None
+        raise ValueError(f"precision={precision!r} is not known; expected one of {', '.join(_LIGHTNING)} "
+                         f"(Lightning's names and ours), a Policy, or Precision(policy, loss_scale); "
+                         f"'16-true'/'bf16-true' (half-precision master weights) are not supported")
+    raise TypeError(f"precision must be a string such as 'bf16-mixed', a Policy or a Precision, got "
+                    f"{type(precision).__name__} {precision!r:.60}")

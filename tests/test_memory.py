@@ -9,6 +9,7 @@ import pytest
 from rich.console import Console
 
 from funcnet import memory, nn, train
+from funcnet.cli import memory as memory_command
 
 
 def _linear_params(sizes):
@@ -245,12 +246,12 @@ def test_format_table_shows_every_nonzero_part():
 
 
 def test_cli_prints_the_table(capsys):
-    assert memory.main(["--params", "7B", "--optimizer", "adam"]) == 0
+    assert memory_command.main(["--params", "7B", "--optimizer", "adam"]) == 0
     out = capsys.readouterr().out
     assert "28,000,000,000" in out and "56,000,000,000" in out and "112,000,000,000" in out
-    assert memory.main(["--params", "7B", "--precision", "bf16"]) == 0
+    assert memory_command.main(["--params", "7B", "--precision", "bf16"]) == 0
     assert "14,000,000,000" in capsys.readouterr().out
-    assert memory.main(["--sizes", "784,128,10", "--batch", "128", "--optimizer", "sgd"]) == 0
+    assert memory_command.main(["--sizes", "784,128,10", "--batch", "128", "--optimizer", "sgd"]) == 0
     n = _linear_params([784, 128, 10])
     assert f"{n:,} parameters" in capsys.readouterr().out
 
@@ -263,7 +264,7 @@ def test_cli_prints_the_table(capsys):
 )
 def test_cli_bad_input_exits_with_a_message(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        memory.main(argv)
+        memory_command.main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -341,13 +342,13 @@ def test_xla_keeps_the_papers_activations_per_layer_under_each_remat_policy(rema
 def test_cli_transformer_prints_the_7b_table_and_the_20_50_gb_grid(capsys):
     argv = ["--transformer", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
             "--vocab", "32000", "--seq", "2048", "--batch", "1"]
-    assert memory.main(argv) == 0
+    assert memory_command.main(argv) == 0
     out = capsys.readouterr().out
     act = memory.transformer_activations(32, 4096, 32, 2048, 1, vocab=32000)
     for figure in ("28,000,000,000", "56,000,000,000", f"{act:,}", f"{112_000_000_000 + act:,}"):
         assert figure in out, figure
     assert "20-50 GB of activations: batch x sequence length 1x2048, 2x1024, 4x1024, 8x512" in " ".join(out.split())
-    assert memory.main(argv[:1] + argv[3:]) == 0  # without --params: counted from the shapes
+    assert memory_command.main(argv[:1] + argv[3:]) == 0  # without --params: counted from the shapes
     assert f"{memory.transformer_params(32, 4096, 32000, 2048):,} parameters" in capsys.readouterr().out
 
 
@@ -361,6 +362,6 @@ def test_cli_transformer_prints_the_7b_table_and_the_20_50_gb_grid(capsys):
 ])
 def test_cli_transformer_bad_input(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
-        memory.main(argv)
+        memory_command.main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err

@@ -75,7 +75,7 @@ def two_runs(tmp_path_factory):
     return root
 
 
-_PATCH = {  # where the writer waits to be killed: (module attribute, object)
+_PATCH = {  # where the writer waits to be killed: an attribute of funcnet.cli.outputs (as c)
     "writing": "c._plot_loss",            # metrics.json and params.npz written, loss.png not yet
     "before swap": "c._Outputs._swap",    # all three written and fsync-ed, not yet swapped in
     "after swap": "c.shutil.rmtree",      # swapped in; the previous set not yet deleted
@@ -96,14 +96,15 @@ def test_killed_while_writing_outputs_leaves_the_old_or_the_new_complete_set(two
         target = _PATCH[moment]
         procs.append(subprocess.Popen(_script(f"""
             import sys, time
-            import funcnet.cli as c
+            import funcnet.cli.outputs as c
+            from funcnet.cli import main
             original = {target}
             def wait_to_be_killed(*a, **k):
                 print("WRITING", file=sys.stderr, flush=True)
                 time.sleep(120)
                 return original(*a, **k)
             {target} = wait_to_be_killed
-            sys.exit(c.main({argv!r}))
+            sys.exit(main({argv!r}))
         """), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True))
     for proc, (sig, moment, expected) in zip(procs, cases):
         seen = []

@@ -1,0 +1,158 @@
+"""``funcnet memory``: the estimate table, from a parameter count, MLP sizes or a GPT's shapes."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+from funcnet.memory import (
+    OPTIMIZER_SLOTS,
+    PRECISIONS,
+    RECOMPUTE,
+    dtype_bytes,
+    estimate,
+    format_table,
+    mlp_params,
+    parse_count,
+    transformer_activations,
+    transformer_params,
+)
+from funcnet.memory.estimate import _sizes
+
+__all__ = ["main"]
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        return _sizes([int(s) for s in text.replace(",", " ").split()])
+    except ValueError:
+        raise ValueError(f"--sizes {text!r}: expected positive ints separated by commas, e.g. 784,128,10") from None
+
+
+_COUNT_MAX = 10**30
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, like funcnet train's errors, instead of argparse's usage block.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# The batch x sequence-length grid ``funcnet memory --transformer`` prints the activation row over.
+GRID_BATCH = (1, 2, 4, 8)
+GRID_SEQ = (512, 1024, 2048, 4096)
+
+
+def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, int, int]]]:
+    """A rich Table of activation GB over GRID_BATCH x GRID_SEQ, and the (batch, seq, bytes)
+    cells between 20 and 50 GB (the articles' range)."""
+    from rich.table import Table
+
+    table = Table(title=f"activations (GB) by batch x sequence length: {args.layers} layers, hidden {args.hidden}, "
+                        f"{args.heads} heads, {bytes_per_value}-byte values, recompute={args.recompute}"
+                        f"{', flash' if args.flash else ''}; * = within the articles' 20-50 GB")
+    table.add_column("batch \\ seq", justify="right")
+    for s in GRID_SEQ:
+        table.add_column(str(s), justify="right")
+    inside = []
+    for b in GRID_BATCH:
+        row = []
+        for s in GRID_SEQ:
+            act = transformer_activations(args.layers, args.hidden, args.heads, s, b, vocab=args.vocab,
+                                          bytes_per_value=bytes_per_value, recompute=args.recompute,
+                                          flash=args.flash, dropout=not args.no_dropout)
+            mark = 20e9 <= act <= 50e9
+            inside += [(b, s, act)] if mark else []
+            row.append(f"{act / 1e9:.1f}{'*' if mark else ' '}")
+        table.add_row(str(b), *row)
+    return table, inside
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``funcnet memory``: print the estimate table; returns the exit status."""
+    from rich.console import Console
+
+    parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
+    parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes or "
+                                         "the --transformer shapes)")
+    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
+    parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
+                        help="bf16/fp16: half params and grads, float32 master copy and state")  # fmt: skip
+    parser.add_argument("--sizes", help="MLP layer sizes for the activations, e.g. 784,128,10")
+    parser.add_argument("--batch", type=int, help="batch size for the activations (with --sizes or --transformer)")
+    parser.add_argument("--activations", default="0", help="activation bytes, e.g. 20e9 (instead of --sizes/--batch)")
+    t = parser.add_argument_group("transformer (Korthikanti et al. 2022 activations)")
+    t.add_argument("--transformer", action="store_true", help="derive the activations from a GPT's shapes")
+    t.add_argument("--layers", type=int, help="number of layers, e.g. 32")
+    t.add_argument("--hidden", type=int, help="hidden size, e.g. 4096")
+    t.add_argument("--heads", type=int, help="attention heads, e.g. 32")
+    t.add_argument("--vocab", type=int, default=0, help="vocabulary size, e.g. 32000 (adds embeddings and logits)")
+    t.add_argument("--seq", type=int, help="sequence length, e.g. 2048")
+    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default 4)")
+    t.add_argument("--activation-dtype", default="bf16",
+                   help="dtype of the kept activations (default bf16: the paper's 16-bit activations)")
+    t.add_argument("--recompute", default="none", choices=RECOMPUTE, help="activation recomputation (default none)")
+    t.add_argument("--flash", action="store_true", help="attention that keeps no s x s scores (FlashAttention)")
+    t.add_argument("--no-dropout", action="store_true", help="no dropout masks (nanoGPT's dropout=0)")
+    args = parser.parse_args(argv)
+    grid = None
+    try:
+        sizes = _parse_sizes(args.sizes) if args.sizes else None
+        shapes = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq")}
+        if args.transformer:
+            missing = [f"--{k}" for k, v in dict(shapes, batch=args.batch).items() if v is None]
+            if missing:
+                raise ValueError(f"--transformer needs {', '.join(missing)} (e.g. --layers 32 --hidden 4096 "
+                                 f"--heads 32 --vocab 32000 --seq 2048 --batch 1)")
+            if sizes is not None or args.activations != "0":
+                raise ValueError("--transformer derives the activations: leave out --sizes and --activations")
+            for k, v in dict(shapes, batch=args.batch, mlp_ratio=args.mlp_ratio).items():
+                if v <= 0 or v > 10**7:
+                    raise ValueError(f"--{k.replace('_', '-')} must be a positive integer up to 1e7, got {v}")
+            if not 0 <= args.vocab <= 10**8:
+                raise ValueError(f"--vocab must be an integer in [0, 1e8], got {args.vocab}")
+            if args.hidden % args.heads:
+                raise ValueError(f"--hidden {args.hidden} must be divisible by --heads {args.heads}")
+            value_bytes = dtype_bytes(args.activation_dtype)
+            counted = transformer_params(args.layers, args.hidden, max(args.vocab, 1), args.seq,
+                                         mlp_ratio=args.mlp_ratio)
+            n = parse_count(args.params) if args.params is not None else counted
+            act = transformer_activations(args.layers, args.hidden, args.heads, args.seq, args.batch,
+                                          vocab=args.vocab, bytes_per_value=value_bytes, recompute=args.recompute,
+                                          flash=args.flash, dropout=not args.no_dropout)
+            grid = _transformer_grid(args, value_bytes) + (args.batch, value_bytes)
+            sizes, args.batch = None, None
+        elif any(v is not None for v in shapes.values()):
+            raise ValueError("--layers/--hidden/--heads/--seq describe a transformer: add --transformer")
+        else:
+            if args.params is None and sizes is None:
+                raise ValueError("give --params (e.g. 7B), --sizes (e.g. 784,128,10) or --transformer shapes "
+                                 "to count them from")
+            n = parse_count(args.params) if args.params is not None else mlp_params(sizes)
+            act = parse_count(args.activations)
+            if (sizes is None) != (args.batch is None):
+                raise ValueError("--sizes and --batch go together: activations need the layer sizes and the batch "
+                                 "size")
+        for flag, value in (("--params", n), ("--activations", act)):
+            if value > _COUNT_MAX:  # past this the table's float formatting overflows
+                raise ValueError(f"{flag} {getattr(args, flag[2:])} is about 1e{len(str(value)) - 1}, beyond what this table shows "
+                                 f"(at most 1e30); pass a realistic size such as 7B or 20e9")
+        if args.batch is not None and args.batch <= 0:
+            raise ValueError(f"--batch must be a positive integer, got {args.batch}")
+        kw = {} if sizes is None else {"sizes": sizes, "batch": args.batch}
+        est = estimate(n, args.optimizer, activations=0 if sizes else act, **kw, **PRECISIONS[args.precision])
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
+    console = Console()
+    console.print(format_table(est, n_params=n, title=title))
+    if grid is not None:
+        table, inside, batch, value_bytes = grid
+        if args.params is not None and n != counted:
+            console.print(f"(--params {args.params} is used for the table; these shapes count {counted:,} parameters)")
+        console.print(f"activations (Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer at 16 bits; here "
+                      f"{value_bytes}-byte values, recompute={args.recompute}): {act / 1e9:.1f} GB at batch {batch}, "
+                      f"sequence length {args.seq}")
+        console.print(table)
+        cells = ", ".join(f"{b}x{s}" for b, s, _ in inside) or "none of this grid"
+        console.print(f"the articles' 20-50 GB of activations: batch x sequence length {cells}")
+    return 0

@@ -1,0 +1,122 @@
+"""The ``funcnet`` command line: flags, their types and their one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["build_parser"]
+
+SEED_MAX = 2**32 - 1  # scikit-learn's and numpy's legacy seeds are 32-bit
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, like every other error of the command, instead of argparse's usage block.
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _resume_mode(text: str) -> str:
+    if text != "auto":
+        raise argparse.ArgumentTypeError(f"expected nothing or 'auto', got {text!r}")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train a model and write metrics.json, params.npz and loss.png",
+                       epilog="exit status: 0 done, 2 bad input or I/O error, 3 non-finite loss, "
+                              "130 interrupted (SIGINT), 143 terminated (SIGTERM; checkpoint saved "
+                              "when --checkpoint-dir is given)")
+    t.add_argument("--dataset", choices=["digits", "mnist", "synthetic", "text"], default=None,
+                   help="digits (default), mnist, synthetic; text: characters of CPython's bundled docs "
+                        "(the default, and the only data set, of --model gpt)")
+    t.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (--dataset mnist)")
+    t.add_argument("--stream", default=None, metavar="DIR",
+                   help="train from record shards in DIR (funcnet.loader), read batch by batch from disk; an empty "
+                        "or missing DIR gets --dataset's training split written there first; the test split stays "
+                        "in memory")
+    t.add_argument("--workers", type=_non_negative_int, default=None, metavar="K",
+                   help="processes that read and batch --stream's records (default 0: this process)")
+    t.add_argument("--epochs", type=_positive_int, default=20)
+    t.add_argument("--batch-size", type=_positive_int, default=32)
+    t.add_argument("--lr", type=_positive_float, default=1e-3)
+    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    t.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp",
+                   help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
+                        "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "
+                        "--dataset text")
+    g = t.add_argument_group("--model gpt")
+    g.add_argument("--block-size", type=_positive_int, default=None, help="context length (default 64)")
+    g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3)")
+    g.add_argument("--n-head", type=_positive_int, default=None, help="attention heads (default 4)")
+    g.add_argument("--n-embd", type=_positive_int, default=None, help="embedding width (default 96)")
+    g.add_argument("--remat", choices=["paper", "selective", "full"], default=None,
+                   help="activation checkpointing: run the blocks in a lax.scan under jax.checkpoint, keeping the "
+                        "paper's tensors, those without the softmax output, or each block's input only (same "
+                        "results, less memory; default: no remat)")
+    g.add_argument("--sample-chars", type=_positive_int, default=None,
+                   help="characters sampled (greedy) after training, printed and kept in metrics.json "
+                        "(default 200)")
+    t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
+                   help="hidden layer sizes of the MLP (default: 128)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    t.add_argument("--devices", type=_positive_int, default=1)
+    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None)
+    t.add_argument("--seed", type=_seed, default=0)
+    t.add_argument("--checkpoint-dir", default=None,
+                   help="save the whole training state there after every epoch (keeps the newest 3)")
+    t.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
+                   help="also save every N steps inside an epoch (needs --checkpoint-dir)")
+    t.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
+                   help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted; "
+                        "--resume auto also starts a fresh run when there is none yet (restart-safe)")
+    t.add_argument("--out", default="runs/train",
+                   help="output folder of its own (created if missing; replaced as a whole when the run ends)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    sub.add_parser("info", help="print both framework stacks on this machine")
+    # parsed by funcnet.cli.memory.main; listed here so that `funcnet --help` shows it
+    sub.add_parser("memory", help="estimate the memory of a training step (funcnet memory --help)")
+    return parser

@@ -1,0 +1,302 @@
+"""``funcnet train``: flags checked, outputs and checkpoints prepared, then ``fit`` or ``fit_stream``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from funcnet.cli.checkpointing import _checkpointing
+from funcnet.cli.errors import UsageError
+from funcnet.cli.outputs import _check_out, _file_above, _Outputs, _probe_writable
+from funcnet.cli.signals import _Run
+from funcnet.cli.stream import (
+    _check_stream_flags,
+    _records_in,
+    _stream,
+    _stream_fingerprint,
+)
+
+__all__ = ["train_command"]
+
+# Flags of the public contract that this build does not honour yet: asking for
+# anything but their neutral value is an error, never silently ignored.
+_NOT_YET: dict[str, tuple] = {}
+
+
+# Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
+# a resumed run writes the same file as an uninterrupted one.
+_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers")
+
+
+def _reject_unsupported(args) -> None:
+    for attr, (neutral, flag) in _NOT_YET.items():
+        if getattr(args, attr) != neutral:
+            raise UsageError(
+                f"{flag} {getattr(args, attr)} is not supported by this version of funcnet train yet; "
+                f"leave it out (default: {neutral})"
+            )
+
+
+def _precision(args):
+    """``(policy, initial loss-scale state)`` for --precision: bf16 keeps float32's range and
+    needs no scaling; fp16 gets torch.amp.GradScaler's defaults."""
+    if args.precision == "fp32":
+        return None, None
+    from funcnet.precision import DynamicLossScale
+
+    return args.precision, DynamicLossScale() if args.precision == "fp16" else None
+
+
+def train_command(args) -> dict:
+    _reject_unsupported(args)
+    _check_flags(args)
+    policy, loss_scale = _precision(args)
+    data_parallel = args.devices > 1 or args.parallel is not None
+    if data_parallel:
+        _parallel_flags(args)
+    _check_backend()
+    run = _Run(args)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(run.signals())
+        outputs = _Outputs(Path(args.out))
+        stack.callback(outputs.discard)
+        outputs.prepare()  # --out is writable: before any data is loaded or training starts
+        if args.checkpoint_dir is not None:
+            from funcnet import checkpoint
+
+            stack.enter_context(checkpoint.lock(args.checkpoint_dir))
+            _probe_writable(Path(args.checkpoint_dir), "--checkpoint-dir")
+        return _train(args, run, outputs, policy, loss_scale, data_parallel)
+
+
+def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
+    import jax
+    import numpy as np
+    import optax
+
+    from funcnet import data, state_dict, text, train
+
+    if args.dataset == "text":
+        (x_tr, y_tr), (x_te, y_te) = text.load_text(args.block_size, stride=args.block_size // 2 or 1)
+    else:
+        (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
+    records = None if args.stream is None else _records_in(args, x_te.shape[1])  # None: written below
+    n_train = len(x_tr) if records is None else len(records)
+    if args.batch_size > n_train:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the {n_train} training examples of "
+                         f"{args.dataset if records is None else '--stream ' + args.stream}; use --batch-size "
+                         f"<= {n_train}")
+    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
+    # refused, not grow the model a 256th class.
+    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
+    _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
+    model, description = _build_model(args, x_tr.shape[1], n_classes)
+    tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
+
+    config = {k: v for k, v in vars(args).items() if k not in _NOT_IN_RESULT}
+    stream = None
+    if args.stream is None:
+        fingerprint = data.fingerprint(x_tr, y_tr, x_te, y_te)
+    else:
+        stream = _stream(args, records, x_tr, y_tr)
+        fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
+        x_tr = y_tr = None  # the training data is read from disk from here on
+    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run,
+                                         steps_per_epoch=None if stream is None else stream.steps_per_epoch)
+
+    start = time.perf_counter()
+    run.training = True
+    with _out_of_memory_is_one_line(args):
+        common = {"epochs": args.epochs, "key": jax.random.key(args.seed), "progress": not args.quiet}
+        if stream is not None:
+            from funcnet import loader
+
+            state, history = loader.fit_stream(model, tx, stream, (x_te, y_te), policy=policy, loss_scale=loss_scale,
+                                               **common, **resume_kwargs)
+        else:
+            from funcnet.callbacks import Callback
+            from funcnet.precision import Precision
+
+            on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
+            hooks = Callback(on_epoch, on_steps if every else None, every)
+            parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
+            state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), batch_size=args.batch_size,
+                                       precision=Precision(policy, loss_scale), callbacks=[hooks], **parallel,
+                                       **common, **resume_kwargs)
+    run.training = False
+    run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
+    seconds = time.perf_counter() - start
+    history = done + history
+
+    metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
+    if args.model == "gpt":  # nats per character against a model that ignores context, and a greedy sample
+        metrics["unigram_baseline"] = text.unigram_entropy()
+        metrics["sample"] = text.complete(model, state.params, "\n", args.sample_chars, key=jax.random.key(args.seed),
+                                          greedy=True)
+        print(f"validation loss {metrics['final'].get('test_loss', float('nan')):.3f} nats/char "
+              f"(unigram baseline {metrics['unigram_baseline']:.3f}); greedy sample:\n{metrics['sample']}")
+    # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
+    arrays = state_dict(state.params, state.model_state, model=model)
+    outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
+    final = metrics["final"]
+    print(f"trained {args.epochs} epochs on {args.dataset} in {seconds:.1f} s: "
+          f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
+          f"params.npz, loss.png")
+    return metrics
+
+
+def _build_model(args, n_features: int, n_classes: int):
+    """``(model, description for metrics.json)`` for --model: the MLP's layer sizes, or the
+    ConvNet's or GPT's repr."""
+    from funcnet import gpt, models, nn
+
+    if args.model == "gpt":
+        if args.hidden is not None:
+            raise UsageError("--hidden sets the MLP's layers; --model gpt takes --n-layer, --n-head, --n-embd")
+        model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                          remat=args.remat)
+        return model, model.name
+    if args.model == "mlp":
+        args.hidden = args.hidden or [128]
+        sizes = [n_features, *args.hidden, n_classes]
+        _check_fits_in_memory(args, sizes)
+        return nn.MLP(sizes), sizes
+    if args.hidden is not None:
+        raise UsageError(f"--hidden {' '.join(map(str, args.hidden))} sets the MLP's layers; --model {args.model} "
+                         f"has none: leave --hidden out")
+    side = int(round(n_features ** 0.5))
+    if side * side != n_features or side % 4:
+        raise UsageError(f"--model cnn needs square images whose side is divisible by 4 (8x8 digits, 28x28 MNIST); "
+                         f"--dataset {args.dataset} has {n_features} features per example: use --model mlp")
+    model = models.ConvNet(n_classes, image=side)
+    return model, model.name
+
+
+def _check_data(args, train_data, test_data, n_classes) -> None:
+    from funcnet import guards
+
+    for name, (x, y) in (("training", train_data), ("test", test_data)):
+        guards.check_finite(x, f"the {name} inputs of {args.dataset}", "funcnet train")
+        if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):
+            bad = int(y.max()) if int(y.max()) >= n_classes else int(y.min())
+            raise UsageError(f"the {name} labels of {args.dataset} include {bad}, outside its {n_classes} classes "
+                             f"[0, {n_classes - 1}]; the data is damaged: replace the files")
+
+
+def _check_backend() -> None:
+    """Start JAX's backend now, so a platform that is asked for and missing (JAX_PLATFORMS=cuda
+    on a machine without CUDA) is one line, not an assertion deep inside the first array."""
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as e:
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        detail = " ".join(str(e).split()) or type(e).__name__
+        raise UsageError(f"JAX could not start a backend (JAX_PLATFORMS={platforms!r}): {detail}; unset JAX_PLATFORMS "
+                         f"or set JAX_PLATFORMS=cpu") from None
+
+
+def _check_fits_in_memory(args, sizes) -> None:
+    """Refuse, before anything is allocated, a model whose training step cannot fit in this
+    machine's memory (CPU); on an accelerator, an out-of-memory error at run time says the same."""
+    import jax
+
+    from funcnet import memory
+
+    if jax.default_backend() != "cpu":
+        return
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return
+    est = memory.estimate(memory.mlp_params(sizes), args.optimizer, sizes=sizes, batch=args.batch_size,
+                          **memory.PRECISIONS[args.precision])
+    if est.total > available:
+        raise UsageError(f"--hidden {' '.join(map(str, sizes[1:-1]))} needs about {est.total / 1e9:.3g} GB for one "
+                         f"training step (params, gradients, optimizer state, activations; funcnet memory "
+                         f"--sizes {','.join(map(str, sizes))} --batch {args.batch_size}) but this machine has "
+                         f"{available / 1e9:.3g} GB; reduce --hidden or --batch-size")
+
+
+@contextlib.contextmanager
+def _out_of_memory_is_one_line(args):
+    try:
+        yield
+    except RuntimeError as e:  # jax.errors.JaxRuntimeError
+        text = str(e)
+        if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
+            raise
+        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+        raise UsageError(f"out of memory while training ({first[:200]}); reduce --hidden or --batch-size, or "
+                         f"use --precision bf16 (funcnet memory estimates a step)") from None
+
+
+def _parallel_flags(args) -> None:
+    """--devices N / --parallel KIND (default shard_map). On a CPU-only machine the N devices
+    are simulated, which must happen before JAX's backend starts: importing funcnet does
+    not start it, and nothing before this call creates an array."""
+    from funcnet import parallel
+
+    if args.batch_size % args.devices:
+        lo, hi = args.batch_size // args.devices * args.devices, (args.batch_size // args.devices + 1) * args.devices
+        raise UsageError(f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
+                         f"use a multiple of {args.devices} (e.g. {f'{lo} or ' if lo else ''}{hi})")
+    args.parallel = args.parallel or "shard_map"
+    try:
+        parallel.simulate_cpu_devices(args.devices)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+
+
+_GPT_FLAGS = {"block_size": 64, "n_layer": 3, "n_head": 4, "n_embd": 96, "sample_chars": 200, "remat": None}
+
+
+def _check_model_flags(args) -> None:
+    """--model and --dataset go together (gpt reads text, the others images or features);
+    the GPT's flags get their defaults, and are refused for the other models."""
+    if args.dataset is None:
+        args.dataset = "text" if args.model == "gpt" else "digits"
+    if (args.model == "gpt") != (args.dataset == "text"):
+        raise UsageError(f"--model {args.model} does not train on --dataset {args.dataset}: --model gpt reads "
+                         f"--dataset text and the other models read digits, mnist or synthetic")
+    if args.model != "gpt":
+        given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} set the GPT; --model {args.model} has no such setting: "
+                             f"leave {'them' if len(given) > 1 else 'it'} out or pass --model gpt")
+        return
+    for k, default in _GPT_FLAGS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    if args.n_embd % args.n_head:
+        raise UsageError(f"--n-embd {args.n_embd} does not split over --n-head {args.n_head} heads; pass an "
+                         f"--n-embd divisible by {args.n_head}")
+
+
+def _check_flags(args) -> None:
+    _check_model_flags(args)
+    if args.dataset == "mnist" and args.data_dir is None:
+        raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
+                         "(nothing is downloaded)")
+    if args.data_dir is not None and args.dataset != "mnist":
+        raise UsageError(f"--data-dir {args.data_dir} is only read with --dataset mnist; leave it out for "
+                         f"--dataset {args.dataset}")
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--data-dir", args.data_dir),
+                        ("--stream", args.stream)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty; pass a folder name (an empty one would mean the current folder)")
+    for flag, value in (("--out", args.out), ("--checkpoint-dir", args.checkpoint_dir), ("--stream", args.stream)):
+        blocker = value is not None and _file_above(Path(value))
+        if blocker:
+            raise UsageError(f"{flag} {value} is inside {blocker}, which is a file; pass a folder path")
+    if args.checkpoint_dir is None:
+        for flag, value in (("--resume", args.resume), ("--checkpoint-every", args.checkpoint_every)):
+            if value:
+                raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
+    elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+    _check_stream_flags(args)
+    _check_out(args)

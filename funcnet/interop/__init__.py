@@ -1,0 +1,26 @@
+"""torch <-> funcnet: weights, buffers, whole models and safetensors files.
+
+- ``from_torch(module_or_state_dict) -> params`` and ``to_torch(params, state=None)``: torch's
+  parameters as a nested params dict with the same names, shapes, dtypes and bits, and back
+  as ``{dotted_key: torch.Tensor}`` for ``module.load_state_dict``.
+- ``from_torch_with_state(module_or_state_dict) -> (params, state)``: the same, with torch's
+  buffers (BatchNorm's running statistics) as the state tree of the module contract.
+  ``from_torch`` refuses a source with buffers and names this function, rather than mixing
+  buffers into params (an optimizer would update them) or dropping them.
+- ``convert(module) -> (model, params, state)``: a torch module made of supported layers and
+  containers as a ready funcnet.nn model, with its variables.
+- ``save_safetensors`` / ``load_safetensors``: the safetensors file format, without torch.
+
+Tied parameters (nanoGPT's ``lm_head.weight is transformer.wte.weight``) stay tied: the
+params tree holds the array once, at the first name torch lists, and ``nn.Tied`` at the
+others. torch is imported lazily, inside the functions that need it; the safetensors
+functions never import it.
+"""
+
+from funcnet.interop.files import load_safetensors, save_safetensors
+from funcnet.interop.modules import convert
+from funcnet.interop.registry import SUPPORTED_MODULES, ConversionError
+from funcnet.interop.weights import from_torch, from_torch_with_state, to_torch
+
+__all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "save_safetensors", "load_safetensors",
+           "SUPPORTED_MODULES", "ConversionError"]

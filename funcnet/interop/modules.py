@@ -1,0 +1,207 @@
+"""``convert(module) -> (model, params, state)``: a torch module as a funcnet.nn model.
+
+Containers and supported leaf layers become their funcnet.nn counterparts, built with the
+constructor arguments read off the torch module (the registry's rows).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from funcnet import nn
+from funcnet.interop.registry import (
+    _IGNORED,
+    SUPPORTED_MODULES,
+    ConversionError,
+    _container_base,
+    _match,
+    _own_tensors,
+    _registry,
+    _Row,
+)
+from funcnet.interop.weights import from_torch_with_state
+from funcnet.nn.module import Module, Tied
+from funcnet.state import state_dict as _state_dict
+from funcnet.state import tied_keys
+
+
+def _same_as_default(value, default) -> bool:
+    if default is inspect.Parameter.empty:
+        return False
+    if isinstance(value, tuple) and not isinstance(default, tuple):
+        return all(v == default for v in value)
+    return value == default
+
+
+def _layer(module, path: str, base, row: _Row, problems: list) -> Module | None:
+    factory = getattr(nn, row.ours)
+    where = f"{path or '<root>'} ({type(module).__name__})"
+    if type(module).forward is not base.forward:
+        problems.append(f"{where}: a subclass of torch.nn.{base.__name__} with its own forward; write it as "
+                        f"nn.Composite(forward, ...) (docs/design.md, 'Composites')")
+        return None
+    torch_sig = inspect.signature(base.__init__)
+    ours_sig = inspect.signature(factory)
+    try:
+        values = row.args(module, lambda child, sub, found: _build(child, sub, _registry(), found)) if row.args else {}
+    except (AttributeError, ValueError) as e:
+        problems.append(f"{where}: {e}")
+        return None
+    for name, p in torch_sig.parameters.items():
+        if name in _IGNORED or name in values or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        value = getattr(module, name, p.empty)
+        if name == "bias" and value is not p.empty:
+            values[name] = value is not None  # torch keeps the tensor (or None) under the argument's name
+        elif value is not p.empty and not hasattr(value, "named_parameters") and not hasattr(value, "detach"):
+            values[name] = value
+        elif p.default is p.empty:
+            problems.append(f"{where}: cannot read its constructor argument {name!r}")
+            return None
+    kwargs, dropped = {}, []
+    for name, value in values.items():
+        if name in ours_sig.parameters:
+            kwargs[name] = value
+        elif not _same_as_default(value, torch_sig.parameters[name].default if name in torch_sig.parameters
+                                  else inspect.Parameter.empty):
+            dropped.append(f"{name}={value!r}")
+    if dropped:
+        problems.append(f"{where}: funcnet.nn.{row.ours} has no argument for {', '.join(dropped)}")
+        return None
+    weights = list(module.parameters())
+    if "dtype" in ours_sig.parameters and weights and weights[0].is_floating_point():
+        kwargs["dtype"] = jnp.dtype(str(weights[0].dtype).replace("torch.", ""))
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as e:
+        problems.append(f"{where}: funcnet.nn.{row.ours}(**{kwargs}) failed: {e}")
+        return None
+
+
+def _named_sequential(children: list[tuple[str, Module]], name: str) -> Module:
+    names = [n for n, _ in children]
+
+    def forward(self, x):
+        for n in names:
+            x = getattr(self, n)(x)
+        return x
+
+    return nn.Composite(forward, name=name, **dict(children))
+
+
+def _build(module, path: str, registry, problems: list) -> Module | None:
+    from torch import nn as tnn
+
+    where = f"{path or '<root>'} ({type(module).__name__})"
+    base, row = _match(module, registry)
+    if row is not None:
+        return _layer(module, path, base, row, problems)
+    container = _container_base(module)
+    if container is None and type(module).forward is not tnn.Module.forward:
+        if type(module).__module__.startswith("torch.nn"):
+            problems.append(f"{where}: funcnet.nn has no counterpart yet (supported: "
+                            f"{', '.join(SUPPORTED_MODULES)})")
+        else:
+            problems.append(f"{where}: a user-defined module whose forward is Python code; write it as "
+                            f"nn.Composite(forward, **children) (docs/design.md, 'Composites'); its children "
+                            f"convert with interop.convert(child)")
+        return None
+    if container is not None and type(module).forward is not container.forward:
+        problems.append(f"{where}: a {container.__name__} subclass with its own forward; write it as "
+                        f"nn.Composite(forward, ...) (docs/design.md, 'Composites')")
+        return None
+    if _own_tensors(module):
+        problems.append(f"{where}: a container with tensors of its own ({', '.join(_own_tensors(module))}); "
+                        f"write it as nn.Composite with nn.Parameter children")
+        return None
+    children = [(n, _build(c, f"{path}.{n}" if path else n, registry, problems))
+                for n, c in module.named_children()]
+    if any(c is None for _, c in children):
+        return None
+    if container is tnn.Sequential:
+        if [n for n, _ in children] == [str(i) for i in range(len(children))]:
+            return nn.Sequential(*[c for _, c in children])
+        return _named_sequential(children, type(module).__name__)
+    if container is tnn.ModuleList:
+        return nn.ModuleList([c for _, c in children])
+    return nn.ModuleDict(dict(children))  # a ModuleDict, or a plain nn.Module with no forward
+
+
+def _set(tree: dict, dotted: str, value) -> None:
+    *path, leaf = dotted.split(".")
+    for p in path:
+        tree = tree[p]
+    tree[leaf] = value
+
+
+def _get(tree, dotted: str):
+    for p in dotted.split("."):
+        tree = tree[p]
+    return tree
+
+
+def _copy(tree):
+    return {k: _copy(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+
+
+def _with_ties(model: Module, ties: dict[str, str]) -> Module:
+    """``model`` whose params hold ``nn.Tied`` at each key of ``ties`` (``{tied: target}``,
+    dotted from the root), resolved to the target array before ``model.apply`` runs."""
+
+    def init(key):
+        params = _copy(model.init(key))
+        for src, dst in ties.items():
+            _set(params, src, Tied(dst, len(src.split("."))))
+        return params
+
+    def apply(params, *inputs, **kwargs):
+        resolved = _copy(params)
+        for src, dst in ties.items():
+            _set(resolved, src, _get(params, dst))
+        return model.apply(resolved, *inputs, **kwargs)
+
+    return Module(init, None if model.apply is None else apply, model.init_state, model.children, model.name)
+
+
+def convert(module: Any) -> tuple[Module, dict, dict]:
+    """``(model, params, state)``: a torch module as a funcnet.nn model and its variables.
+
+    ``nn.Sequential``/``ModuleList``/``ModuleDict`` and every supported leaf layer (see
+    ``SUPPORTED_MODULES``; subclasses that keep torch's forward count) become their
+    funcnet.nn counterparts, built with the constructor arguments read off the torch
+    module (``in_features``, ``kernel_size``, ``eps``, ``momentum``, ...). A module whose
+    ``forward`` is the user's Python code cannot be converted: write it as
+    ``nn.Composite`` and load its weights with ``from_torch_with_state``. Every problem is
+    reported in one ``ConversionError``. ``state`` is ``{}`` for a model without buffers.
+    Use ``model.apply(params, x)``, or ``nn.call(model, params, state, x, train=...)``.
+    """
+    if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
+        raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
+    problems: list[str] = []
+    model = _build(module, "", _registry(), problems)
+    if problems:
+        raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))
+    params, state = from_torch_with_state(module)
+    ties = tied_keys(params)
+    # the built model must have exactly torch's keys and shapes (a subclass may add tensors)
+    want = {k: tuple(v.shape) for k, v in _state_dict(*jax.eval_shape(
+        lambda: (model.init(jax.random.key(0)), nn.initial_state(model)))).items()}
+    got = {k: tuple(v.shape) for k, v in _state_dict(params, state).items()}
+    if want != got:
+        diff = sorted(f"{k}: torch {got.get(k, 'missing')}, funcnet {want.get(k, 'missing')}"
+                      for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise ConversionError("convert: the funcnet model's state_dict does not match torch's:\n  "
+                              + "\n  ".join(diff))
+    if ties:
+        model = _with_ties(model, ties)
+    if not model.has_state:
+        state = {}
+    return model, params, state
+
+
+# --------------------------------------------------------------------------------------------

@@ -1,0 +1,270 @@
+"""The training loop as pure functions: ``(state, batch) -> (state, metrics)``.
+
+torch's five lines::
+
+    optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
+    loss.backward(); optimizer.step()
+
+become one compiled function. Gradients are return values, never accumulated in
+``.grad``, so there is nothing to zero; the optimizer is an optax transformation
+whose state travels in ``TrainState`` next to the params.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from funcnet import guards as _guards
+from funcnet import losses as _losses
+from funcnet import precision as _precision
+from funcnet.nn.module import Module, call, initial_state
+
+__all__ = ["TrainState", "Position", "create_train_state", "make_step", "default_metrics", "is_classification"]
+
+
+class TrainState(NamedTuple):
+    """Everything a training run carries from step to step (a pytree).
+
+    params: the model's params; opt_state: the optax state; step: int32 scalar;
+    key: the PRNG key that dropout and shuffling draw from (split every use);
+    loss_scale: a precision loss-scale state, or None in full precision;
+    model_state: the model's state (torch's buffers, e.g. BatchNorm's running statistics),
+    ``{}`` for a model without state. Only ``params`` are differentiated and updated by
+    the optimizer; ``model_state`` is what the forward passes return.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    key: jax.Array
+    loss_scale: Any = None
+    model_state: Any = None
+
+
+def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax.Array, *,
+                       params: Any = None, loss_scale: Any = None, policy: Any = None,
+                       model_state: Any = None) -> TrainState:
+    """Initialise params (unless given), the model's state (unless given) and the optimizer
+    state from ``key``.
+
+    ``loss_scale``: a ``funcnet.precision`` loss-scale state (e.g. ``DynamicLossScale()``);
+    ``policy``: the params are stored in its ``param_dtype`` (the master copy); the model's
+    state keeps its own dtypes (running statistics stay float32, as in torch autocast).
+    """
+    _check_key(key, "create_train_state")
+    init_key, key = jax.random.split(key)
+    if params is None:
+        params = model.init(init_key)
+    if policy is not None:
+        params = _precision.get_policy(policy).cast_to_param(params)
+    if model_state is None:
+        model_state = initial_state(model)
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale, model_state)
+
+
+class Position(NamedTuple):
+    """Where a run stands, for ``fit(start=...)``: ``epoch`` epochs are complete. Inside the
+    next one, ``perm_key`` is the key its shuffle was drawn from and ``metrics`` the per-step
+    ``{"loss", "accuracy"}`` arrays of the steps already taken (both None at an epoch boundary)."""
+
+    epoch: int = 0
+    perm_key: Any = None
+    metrics: Any = None
+
+
+def _check_key(key, where: str) -> None:
+    typed = hasattr(key, "dtype") and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = hasattr(key, "dtype") and key.dtype == jnp.uint32 and jnp.ndim(key) == 1  # jax.random.PRNGKey
+    if not (typed and jnp.shape(key) == ()) and not raw:
+        raise TypeError(f"{where}: key must be one PRNG key such as jax.random.key(0), got {key!r:.80}; "
+                        f"pass key=jax.random.key(seed)")
+
+
+def _check_batch(x, y, accum_steps: int) -> None:
+    if jnp.ndim(x) < 1 or jnp.ndim(y) < 1 or jnp.shape(x)[0] != jnp.shape(y)[0]:
+        raise ValueError(
+            f"batch inputs of shape {jnp.shape(x)} and labels of shape {jnp.shape(y)} must share the "
+            f"leading batch axis; pass batch=(x, y) with x: (batch, features), y: (batch,)"
+        )
+    if jnp.shape(x)[0] % accum_steps:
+        raise ValueError(
+            f"a batch of {jnp.shape(x)[0]} examples does not split into accum_steps={accum_steps} "
+            f"equal micro-batches; use a batch size divisible by {accum_steps}"
+        )
+
+
+def default_metrics(outputs: jax.Array, targets: jax.Array) -> dict:
+    """``{"accuracy"}`` when ``targets`` are integer class indices of shape ``outputs.shape[:-1]``
+    (classification, language modelling), else ``{}`` (regression): decided from static shapes
+    and dtypes, so it costs nothing at run time."""
+    if is_classification(outputs, targets):
+        return {"accuracy": _losses.accuracy(outputs, targets)}
+    return {}
+
+
+def is_classification(outputs, targets) -> bool:
+    return (jnp.issubdtype(jnp.result_type(targets), jnp.integer)
+            and jnp.ndim(outputs) == jnp.ndim(targets) + 1
+            and jnp.shape(outputs)[:-1] == jnp.shape(targets))
+
+
+def make_step(
+    model: Module,
+    tx: optax.GradientTransformation,
+    loss_fn: Callable[[jax.Array, jax.Array], jax.Array] = _losses.cross_entropy,
+    *,
+    accum_steps: int = 1,
+    axis_name: str | None = None,
+    donate: bool = True,
+    policy: Any = None,
+    metrics: Callable[[jax.Array, jax.Array], dict] = default_metrics,
+    buffers: str = "broadcast",
+):
+    """A compiled, pure training step ``step(state, (x, y)) -> (state, metrics)``.
+
+    - ``metrics``: ``"loss"`` plus ``metrics(outputs, y)`` (default: ``"accuracy"`` when ``y``
+      holds class indices, nothing more for regression targets).
+    - The model's state (``state.model_state``, torch's buffers) goes through the forward
+      pass in train mode and comes back updated, never differentiated.
+    - The old state is donated: its buffers are reused for the new one (the
+      functional counterpart of torch's in-place ``optimizer.step()``); do not use
+      it after the call.
+    - ``accum_steps=k`` splits the batch into k micro-batches, sums their gradients in
+      a ``lax.scan`` and applies one update with the mean: torch's "call backward k
+      times, then step" without a mutable ``.grad``. The model's state advances once per
+      micro-batch, as k torch forward passes would advance it.
+    - ``axis_name``: gradients and metrics are averaged with ``lax.pmean`` over that
+      named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it. The
+      model's state: ``buffers="broadcast"`` keeps device 0's (torch DDP's default
+      ``broadcast_buffers=True``), ``"local"`` keeps each device's own (DDP with
+      ``broadcast_buffers=False``). For statistics over the global batch use
+      ``nn.SyncBatchNorm`` layers with this ``axis_name``.
+    - ``policy`` (a ``funcnet.precision.Policy`` or a string such as ``"bf16"``): the
+      forward and backward pass run on a ``compute_dtype`` copy of params and inputs
+      (torch: ``autocast``); outputs are cast to ``output_dtype`` before the loss.
+    - ``state.loss_scale`` (torch: ``GradScaler``): when not None the loss is scaled,
+      the gradients unscaled in float32, and a step whose scaled gradients are not all
+      finite keeps params and optimizer state (optax's count too) exactly, as
+      ``scaler.step`` skips ``optimizer.step()``; the scale is then adjusted. The model's
+      state still advances, as torch's forward has already updated the buffers. All on
+      device; metrics gain ``"loss_scale"`` (the scale this step used) and ``"grads_finite"``.
+
+    ``step.raw`` is the uncompiled function, for use inside other transformations
+    (``run_epoch`` scans it).
+    """
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
+        raise ValueError(f"accum_steps must be a positive int, got {accum_steps!r}")
+    if buffers not in ("broadcast", "local"):
+        raise ValueError(f"buffers must be 'broadcast' (torch DDP's default) or 'local', got {buffers!r}")
+    if not isinstance(model, Module):
+        raise TypeError(f"make_step: model must be a funcnet.nn.Module, got {type(model).__name__}; "
+                        f"build it with funcnet.nn (e.g. nn.MLP([64, 128, 10]))")
+    _guards.check_tx(tx, "make_step")
+    policy = None if policy is None else _precision.get_policy(policy)
+
+    def loss_and_outputs(params, model_state, x, y, key, loss_scale):
+        if policy is not None:
+            params, x = policy.cast_to_compute((params, x))
+        outputs, model_state = call(model, params, model_state, x, key=key, train=True)
+        if policy is not None:
+            outputs = policy.cast_to_output(outputs)
+        loss = loss_fn(outputs, y)
+        return (loss if loss_scale is None else loss_scale.scale(loss)), (loss, outputs, model_state)
+
+    grad_fn = jax.value_and_grad(loss_and_outputs, has_aux=True)
+
+    def step(state: TrainState, batch):
+        _check_step_args(state, batch)
+        x, y = batch
+        _check_batch(x, y, accum_steps)
+        key, dropout_key = jax.random.split(state.key)
+        grad_params = state.params
+        model_state = state.model_state
+        if axis_name is not None:
+            dropout_key = jax.random.fold_in(dropout_key, jax.lax.axis_index(axis_name))
+            # Differentiate a per-device copy. Under shard_map's type checking the gradient of a
+            # replicated input would otherwise come back already summed over devices (the
+            # transpose of the implicit broadcast is a psum); the pmean below is the all-reduce.
+            grad_params = jax.lax.pcast(state.params, axis_name, to="varying")
+            model_state = jax.lax.pcast(model_state, axis_name, to="varying")
+        if accum_steps == 1:
+            (_, (loss, outputs, model_state)), grads = grad_fn(grad_params, model_state, x, y, dropout_key,
+                                                               state.loss_scale)
+            values = {"loss": loss, **metrics(outputs, y)}
+        else:
+            micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
+            micro_y = y.reshape((accum_steps, -1) + y.shape[1:])
+            keys = jax.random.split(dropout_key, accum_steps)
+
+            def micro(carry, inputs):
+                total, ms = carry
+                xb, yb, k = inputs
+                (_, (loss_b, out_b, ms)), grads_b = grad_fn(grad_params, ms, xb, yb, k, state.loss_scale)
+                total = jax.tree.map(jnp.add, total, (grads_b, {"loss": loss_b, **metrics(out_b, yb)}))
+                return (total, ms), None
+
+            one = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), (micro_x, micro_y, keys))
+            out_shape = jax.eval_shape(grad_fn, grad_params, model_state, *one, state.loss_scale)[0][1][1]
+            shapes = jax.eval_shape(lambda o, t: {"loss": loss_fn(o, t), **metrics(o, t)}, out_shape, micro_y[0])
+            zero = (jax.tree.map(jnp.zeros_like, state.params),
+                    jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+            if axis_name is not None:
+                zero = jax.lax.pcast(zero, axis_name, to="varying")  # the carry holds per-device sums
+            ((grads, values), model_state), _ = jax.lax.scan(micro, (zero, model_state), (micro_x, micro_y, keys))
+            grads, values = jax.tree.map(lambda t: t / accum_steps, (grads, values))
+        if axis_name is not None:
+            grads, values = jax.lax.pmean((grads, values), axis_name)
+            model_state = _sync_buffers(model_state, axis_name, buffers)
+        loss_scale = state.loss_scale
+        if loss_scale is not None:
+            finite = _precision.all_finite(grads)  # of the scaled gradients, as GradScaler checks them
+            grads = loss_scale.unscale(grads)
+
+        def update(grads):
+            updates, opt_state = tx.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), opt_state
+
+        if loss_scale is None:
+            params, opt_state = update(grads)
+        else:
+            # GradScaler skips optimizer.step() on overflow. A cond rather than a select of both
+            # results: only one branch runs, and the new state can reuse the donated buffers.
+            params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), grads)
+            values.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
+            loss_scale = loss_scale.adjust(finite)
+        new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale, model_state)
+        return new_state, values
+
+    donate_argnums = (0,) if donate else ()
+    if axis_name is not None:
+        compiled = jax.pmap(step, axis_name=axis_name, donate_argnums=donate_argnums)
+    else:
+        compiled = jax.jit(step, donate_argnums=donate_argnums)
+    compiled.raw = step
+    return compiled
+
+
+def _sync_buffers(model_state, axis_name: str, buffers: str):
+    if buffers == "local" or not jax.tree.leaves(model_state):
+        return model_state
+    # DDP's broadcast_buffers: every replica continues from rank 0's buffers.
+    first = jax.lax.axis_index(axis_name) == 0
+    return jax.tree.map(lambda b: jax.lax.psum(jnp.where(first, b, jnp.zeros_like(b)), axis_name), model_state)
+
+
+def _check_step_args(state, batch) -> None:
+    if not isinstance(state, TrainState):
+        raise TypeError(f"step: the first argument must be the TrainState from create_train_state, got "
+                        f"{_describe(state)}; call step(state, (x, y))")
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise TypeError(f"step: the batch must be a pair (x, y), got {_describe(batch)}; call step(state, (x, y))")
+
+
+def _describe(value) -> str:
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"an array of shape {tuple(value.shape)}"
+    return type(value).__name__

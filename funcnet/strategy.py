@@ -1,0 +1,147 @@
+"""How ``fit`` runs its steps: on one device, or data-parallel on several.
+
+torch counterpart: Lightning's ``Trainer(strategy=..., devices=...)``. ``fit(strategy=...)``
+takes a name or a ``Strategy``; ``runner`` turns it into one ``Runner`` whose ``epoch``
+runs the same shuffled batches and keys whatever the strategy, so a run on N devices equals
+the run on one up to float summation order.
+
+- ``"single"`` (default): ``make_step`` on one device; a whole epoch is one compiled
+  ``lax.scan`` unless it is cut into stretches for checkpoints (``funcnet.epoch``).
+- ``"pmap"``, ``"shard_map"`` (alias ``"ddp"``), ``"sharding"``: ``parallel.data_parallel``,
+  DDP's all-reduce of the gradients; ``Strategy(kind, buffers="local")`` keeps each
+  device's BatchNorm statistics (pmap only).
+- ``"fsdp"``: ``fsdp.make_fsdp_step``, params and optimizer state sharded (ZeRO-3;
+  ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from funcnet import fsdp as _fsdp
+from funcnet import parallel as _parallel
+from funcnet.epoch import _local_steps, _run_epoch_in_parts, run_epoch
+from funcnet.step import TrainState, make_step
+
+__all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
+
+STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp")
+_ALIASES = {"ddp": "shard_map"}  # Lightning's name for torch DDP
+
+
+class Strategy(NamedTuple):
+    """A strategy with its options: ``kind`` (one of ``STRATEGIES``), ``buffers`` (what
+    data parallelism does with the model's state: ``"broadcast"``, DDP's default, or
+    ``"local"``), ``zero`` (fsdp's level: 3 or 1)."""
+
+    kind: str = "single"
+    buffers: str = "broadcast"
+    zero: int = 3
+
+
+class Runner(NamedTuple):
+    """A strategy made concrete for one model and data set.
+
+    ``epoch(state, start, batch_size, every_steps, on_steps)`` runs one shuffled epoch and
+    returns ``(state, per-step metrics)``; ``put`` places a local ``TrainState`` (or a key)
+    where the step expects it and ``get`` returns one local copy (what callbacks see)."""
+
+    strategy: Strategy
+    n_devices: int
+    epoch: Callable
+    put: Callable
+    get: Callable
+
+
+def resolve(strategy: Any, devices: int | None) -> Strategy:
+    """A ``Strategy`` from ``fit``'s ``strategy=`` and ``devices=``: a name, a ``Strategy``,
+    or None (one device, or ``"shard_map"`` when ``devices`` > 1 is asked for)."""
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
+        raise ValueError(f"devices must be a positive int or None, got {devices!r}")
+    if strategy is None:
+        strategy = "single" if devices in (None, 1) else "shard_map"
+    if isinstance(strategy, str):
+        strategy = Strategy(_ALIASES.get(strategy, strategy))
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} or a funcnet.strategy.Strategy, got "
+                        f"{type(strategy).__name__} {strategy!r:.60}")
+    kind = _ALIASES.get(strategy.kind, strategy.kind)
+    if kind not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy.kind!r}; expected one of {', '.join(STRATEGIES)} "
+                         f"(or 'ddp', an alias of 'shard_map')")
+    if kind == "single" and devices not in (None, 1):
+        raise ValueError(f"strategy='single' runs on one device, but devices={devices}; pass strategy='shard_map' "
+                         f"(or 'pmap', 'sharding', 'fsdp') to train on {devices} devices")
+    return strategy._replace(kind=kind)
+
+
+def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, batch_size: int, *,
+           state_shapes: Callable[[], TrainState], **step_options) -> Runner:
+    """The ``Runner`` of ``strategy`` over the training data ``(x, y)``. ``state_shapes()``
+    gives the ``TrainState``'s shapes (fsdp reads its shardings from them);
+    ``step_options`` go to ``make_step`` (``accum_steps``, ``policy``, ``metrics``)."""
+    if strategy.kind == "single":
+        step = make_step(model, tx, loss_fn, **step_options)
+        x_dev, y_dev = jnp.asarray(x), jnp.asarray(y)
+        run_steps = _local_steps(step.raw, x_dev, y_dev)
+
+        def epoch(state, start, batch, every_steps, on_steps):
+            if every_steps is None and start.perm_key is None:
+                return run_epoch(step, state, x_dev, y_dev, batch_size=batch)
+            return _run_epoch_in_parts(run_steps, state, len(x_dev), batch, start, every_steps, on_steps)
+
+        same = lambda t: t  # noqa: E731
+        return Runner(strategy, 1, epoch, same, same)
+    if strategy.kind == "fsdp":
+        dp = _fsdp_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    else:
+        dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
+                                     buffers=strategy.buffers, **step_options)
+    _parallel.check_batch_size(batch_size, dp)
+    x_host, y_host = np.asarray(x), np.asarray(y)
+
+    def run_steps(state, indices, lo, hi):
+        return _parallel.steps_between(dp, state, indices, lo, hi, x=x_host, y=y_host)
+
+    def epoch(state, start, batch, every_steps, on_steps):
+        return _run_epoch_in_parts(run_steps, state, len(x_host), batch, start, every_steps, on_steps,
+                                   dp.get, dp.put_state)
+
+    return Runner(strategy, dp.n_devices, epoch, dp.put_state, dp.get)
+
+
+def _fsdp_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes, step_options):
+    """fsdp's step as a ``parallel.DataParallel``: the state placed with the step's shardings,
+    the batch split over the mesh, one local copy gathered onto the first device."""
+    if jax.process_count() > 1:
+        raise ValueError("strategy='fsdp' in fit runs in one process; over several processes use "
+                         "fsdp.make_fsdp_step with jax.make_array_from_process_local_data")
+    if strategy.buffers != "broadcast":
+        raise ValueError(f"buffers={strategy.buffers!r} is for data-parallel replicas; fsdp keeps one state "
+                         f"sharded over the mesh: leave buffers out")
+    mesh = _fsdp.mesh(devices)
+    step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=jax.eval_shape(state_shapes),
+                                **step_options)
+    replicated = NamedSharding(mesh, P())
+    n = mesh.devices.size
+
+    def put_state(tree):
+        if isinstance(tree, TrainState):
+            return _fsdp.shard_state(tree, step.shardings)
+        return jax.device_put(tree, replicated)
+
+    def put_batch(batch):
+        _parallel.check_batch_size(int(np.shape(batch[0])[0]), dp)
+        return jax.device_put(batch, step.batch_sharding)
+
+    def get(tree):
+        return jax.device_put(tree, jax.devices()[0])
+
+    dp = _parallel.DataParallel("fsdp", n, step, put_state, put_batch, get)
+    return dp
