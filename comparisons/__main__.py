@@ -1,10 +1,11 @@
-"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--html DIR] [--float64]``
+"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--html DIR] [--float64] [--from-json PATH]``
 
 Runs each comparison (PyTorch form and JAX form on the same numbers), prints the
 two sources, the two results, the checks with their tolerances and the two timings
 (first call with its compile time, and steady state) side by side, and exits non-zero
 if any verdict fails (or a comparison crashes). ``--html DIR`` writes the same as a
-static page, ``DIR/index.html`` (see comparisons/_page.py).
+static page, ``DIR/index.html`` (see comparisons/_page.py). ``--from-json PATH`` renders a
+run saved with ``--json`` (terminal, ``--report``, ``--html``) without running anything.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _fmt_seconds(seconds: float | None) -> str:
 
 
 def _timing(side: Side) -> str:
-    return (f"first call {fmt_seconds(side.seconds)}, compile {fmt_seconds(side.compile_seconds)}, "
+    compiled = fmt_seconds(side.compile_seconds) if side.compile_seconds else "n/a"  # torch eager: nothing
+    return (f"first call {fmt_seconds(side.seconds)}, compile {compiled}, "
             f"steady {fmt_seconds(side.steady_seconds)}")
 
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"run in float64 in a process with JAX_ENABLE_X64 (default names: "
                              f"{' '.join(FLOAT64_DEFAULT)})")
     parser.add_argument("--no-source", action="store_true", help="do not print the sources")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="render a run saved with --json (terminal, --report, --html) instead of running")
     args = parser.parse_args(argv)
 
     names = available()
@@ -127,20 +131,33 @@ def main(argv: list[str] | None = None) -> int:
         return subprocess.call([sys.executable, "-m", "comparisons", *(argv if argv is not None else sys.argv[1:])],
                                env=env)
     __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
-    opts = Options(dtype="float64" if args.float64 else "float32")
-    selected = args.names or (FLOAT64_DEFAULT if args.float64 else names)
-
     from rich.console import Console
 
     console = Console()
     results = []
-    for name in selected:
-        with console.status(f"running {name} ..."):
-            result = run_one(name, opts)
-        print_result(console, result, show_source=not args.no_source)
-        results.append(result)
+    if args.from_json:
+        try:
+            saved = json.loads(Path(args.from_json).read_text())
+            results = [Result.from_json(r) for r in saved["results"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"--from-json {args.from_json}: not a run written by --json ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return 2
+        opts = Options(dtype=saved.get("dtype", "float32"))
+        if args.names:
+            results = [r for r in results if r.name in args.names]
+        for result in results:
+            print_result(console, result, show_source=not args.no_source)
+    else:
+        opts = Options(dtype="float64" if args.float64 else "float32")
+        selected = args.names or (FLOAT64_DEFAULT if args.float64 else names)
+        for k, name in enumerate(selected, 1):
+            with console.status(f"[{k}/{len(selected)}] running {name} ..."):
+                result = run_one(name, opts)
+            print_result(console, result, show_source=not args.no_source, position=f"{k}/{len(selected)}")
+            results.append(result)
     print_summary(console, results)
-    if args.json:
+    if args.json and not args.from_json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"dtype": opts.dtype, "results": [r.to_json() for r in results]},
                                               indent=2) + "\n")

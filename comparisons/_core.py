@@ -144,10 +144,22 @@ class Result:
             "title": self.title,
             "ok": self.ok,
             "checks": [c.__dict__ for c in self.checks],
-            "torch": {"output": self.torch.output, **self.torch.timing_json()},
-            "jax": {"output": self.jax.output, **self.jax.timing_json()},
+            "torch": {"output": self.torch.output, "source": self.torch.source, **self.torch.timing_json()},
+            "jax": {"output": self.jax.output, "source": self.jax.source, **self.jax.timing_json()},
             "notes": self.notes,
+            "series": self.series,
         }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Result":
+        """The Result that ``to_json`` wrote (``--from-json`` renders a saved run without re-running it)."""
+        def side(s: dict) -> Side:
+            return Side(s.get("source", ""), s["output"], s.get("first_call_seconds", s.get("seconds")),
+                        s.get("compile_seconds"), s.get("steady_seconds"))
+
+        checks = [Check(**c) for c in d["checks"]]
+        return cls(d["name"], d["title"], side(d["torch"]), side(d["jax"]), checks, d.get("notes", ""),
+                   d.get("series", {}))
 
 
 def _np(x) -> np.ndarray:
@@ -168,9 +180,13 @@ def close(name: str, got: Any, expected: Any, *, rtol: float, atol: float, why: 
     diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
     ok = bool(np.all(diff <= atol + rtol * np.abs(b.astype(np.float64))))
     max_abs = float(diff.max()) if diff.size else 0.0
-    rel = diff / np.maximum(np.abs(b.astype(np.float64)), np.finfo(np.float64).tiny)
-    max_rel = float(rel.max()) if rel.size else 0.0
-    detail = f"max |diff| {max_abs:.2e}, max rel {max_rel:.2e} (rtol {rtol:g}, atol {atol:g})"
+    # relative errors only where the reference is clear of zero (|expected| > atol): near zero a
+    # rounding-sized difference divided by a tiny reference is a meaningless huge ratio
+    ref = np.abs(b.astype(np.float64))
+    away = ref > max(atol, np.finfo(np.float64).tiny)
+    rel = (f"max rel {float((diff[away] / ref[away]).max()):.2e}" if away.any()
+           else "max rel n/a (reference within atol of 0)")
+    detail = f"max |diff| {max_abs:.2e}, {rel} (rtol {rtol:g}, atol {atol:g})"
     if why:
         detail += f"; {why}"
     return Check(name, ok, detail, tolerance=f"rtol {rtol:g}, atol {atol:g}", why=why)

@@ -80,7 +80,7 @@ section.comparison { border-top: 2px solid var(--rule); padding-top: 1rem; margi
 .pair { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); column-gap: 1rem; row-gap: .35rem; }
 .pair > * { min-width: 0; }
 .pair pre { margin: 0; padding: .5rem .7rem; background: var(--code-bg); border: 1px solid var(--rule);
-            border-radius: 6px; overflow-x: auto; }
+            border-radius: 6px; white-space: pre-wrap; overflow-wrap: break-word; }
 .pair pre.out { background: #fff; }
 .timing { font-size: .85rem; color: var(--muted); }
 .checks td:first-child { width: 1.5rem; text-align: center; }
@@ -165,8 +165,9 @@ def _summary(results: list[Result]) -> str:
                  f'<td class="verdict {"pass" if r.ok else "fail"}">{"PASS" if r.ok else "FAIL"}</td>',
                  f'<td class="num">{passed}/{len(r.checks)}</td>']
         for side in (r.torch, r.jax):
-            cells += [f'<td class="num">{fmt_seconds(v)}</td>'
-                      for v in (side.seconds, side.compile_seconds, side.steady_seconds)]
+            compiled = "n/a" if not side.compile_seconds else fmt_seconds(side.compile_seconds)  # eager: nothing
+            cells += [f'<td class="num">{v}</td>'
+                      for v in (fmt_seconds(side.seconds), compiled, fmt_seconds(side.steady_seconds))]
         rows.append(f"<tr>{''.join(cells)}</tr>")
     head = ('<tr><th rowspan="2">comparison</th><th rowspan="2">verdict</th><th rowspan="2" class="num">checks</th>'
             '<th colspan="3">PyTorch</th><th colspan="3">JAX</th></tr><tr>'
@@ -174,7 +175,7 @@ def _summary(results: list[Result]) -> str:
     caption = ("first call: the timed work run once, tracing and compilation included (what you wait for the first "
                "time); compile: the part of it spent tracing and compiling (JAX's compile events, torch.compile's; "
                "torch eager compiles nothing); steady: the same work called again, once compiled. "
-               "\"-\": not measured (the comparison compiled outside its timing, or a second call would change "
+               "n/a: nothing compiled (torch eager). \"-\": not measured (the comparison compiled outside its timing, or a second call would change "
                "what it checks).")
     return (f'<table class="summary" id="summary"><caption>{_e(caption)}</caption><thead>{head}</thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")

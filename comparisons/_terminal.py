@@ -165,14 +165,16 @@ def _sides_table(sides, col: int, show_source: bool):
     return table
 
 
-def print_result(console, result: Result, *, show_source: bool = True) -> None:
-    """One comparison: header, the two sides (side by side or stacked), the checks, notes."""
+def print_result(console, result: Result, *, show_source: bool = True, position: str = "") -> None:
+    """One comparison: header (with ``position``, "3/16", when given), the two sides (side by side or
+    stacked), the checks, notes."""
     from rich.panel import Panel
     from rich.table import Table
 
     width = console.width
     verdict = "[bold green]PASS[/]" if result.ok else "[bold red]FAIL[/]"
-    console.print(Panel(f"[bold]{result.name}[/]: {result.title}   {verdict}", expand=False))
+    where = f"[dim]{position}[/] " if position else ""
+    console.print(Panel(f"{where}[bold]{result.name}[/]: {result.title}   {verdict}", expand=False))
     sides = [("PyTorch", result.torch), ("JAX", result.jax)]
     col = (width - 7) // 2
     if col >= SIDE_BY_SIDE_MIN:
@@ -211,5 +213,7 @@ def print_summary(console, results: list[Result]) -> None:
                       fmt_seconds(r.torch.seconds), fmt_seconds(r.torch.steady_seconds),
                       fmt_seconds(r.jax.seconds), fmt_seconds(r.jax.steady_seconds))
     console.print(table)
+    n_checks, n_passed = sum(len(r.checks) for r in results), sum(c.ok for r in results for c in r.checks)
+    console.print(f"{len(results)} comparisons, {n_passed}/{n_checks} checks pass")
     console.print("[dim]first: the timed work run once, tracing and compilation included; steady: the same "
                   "work called again, once compiled; -: not measured (see the comparison's notes)[/]")

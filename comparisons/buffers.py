@@ -139,6 +139,17 @@ def run(opts: Options = Options()) -> Result:
     notes = ("torch's SGD weight_decay decays parameters only, because buffers are not parameters; "
              "funcnet's optimizer never sees the state at all, so no decay, gradient or update can reach "
              "running_var or the integer counter.")
+    def shown(x) -> str:
+        return np.array2string(np.asarray(x, np.float64)[:4], precision=4, suppress_small=True)[:-1] + " ...]"
+
+    t_out = (f"running_mean after one forward (buffer mutated in place): {shown(t['after_one'])}\n"
+             f"after {STEPS} SGD-momentum steps: num_batches_tracked {int(t['sd']['1.num_batches_tracked'])}, "
+             f"running_var {shown(t['sd']['1.running_var'])}\n"
+             f"eval-mode output, first row: {shown(t['out_eval'][0])}")
+    j_out = (f"running_mean after one forward (returned state): {shown(one['1.running_mean'])}\n"
+             f"after {STEPS} SGD-momentum steps: num_batches_tracked {int(j['sd']['1.num_batches_tracked'])}, "
+             f"running_var {shown(j['sd']['1.running_var'])}\n"
+             f"eval-mode output, first row: {shown(j['out_eval'][0])}")
     return Result(name="buffers", title=TITLE,
-                  torch=Side(source(torch_buffers), "", t_seconds),
-                  jax=Side(source(jax_buffers), "", j_seconds), checks=checks, notes=notes)
+                  torch=Side(source(torch_buffers), t_out, t_seconds),
+                  jax=Side(source(jax_buffers), j_out, j_seconds), checks=checks, notes=notes)

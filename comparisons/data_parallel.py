@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,13 +38,17 @@ __all__ = ["TITLE", "run"]
 
 TITLE = "Data parallel: torch DDP (2 gloo processes) vs pmap, shard_map, jit-sharding and one device"
 
+# A hang detector, not a speed bar: with other jobs on the machine (load average 20 on 2 cores)
+# fsdp's JAX child ran past 400 s, where the whole comparison takes about 200 s on a lightly
+# loaded machine, and a fixed 300-400 s limit failed runs that would have passed.
+HANG_SECONDS = 1800
 WORLD = 2  # torch processes and JAX devices
 STEPS, BATCH, LR, SIZES = 40, 64, 0.1, (64, 32, 10)
 FORMS = ("pmap", "shard_map", "sharding", "single")
 
 
 # ----------------------------------------------------------------------------- torch
-def ddp_worker(rank, world, port, workdir, dtype):
+def ddp_worker(rank, world, rendezvous, workdir, dtype):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -53,7 +56,9 @@ def ddp_worker(rank, world, port, workdir, dtype):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a file in the run's own folder, not a TCP port picked free and then bound by rank 0: no other
+    # process on the machine can take it in between
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     model = model.to(getattr(torch, dtype))
     model.load_state_dict(torch.load(f"{workdir}/init.pt"))  # the same weights in every process
@@ -81,13 +86,9 @@ def ddp_worker(rank, world, port, workdir, dtype):
     if rank == 0:
         torch.save({"state_dict": model.state_dict(), "losses": losses, "buckets": buckets,
                     "seconds": seconds}, f"{workdir}/ddp.pt")
+    dist.barrier()  # neither rank tears its gloo connections down while the other may still use them
     dist.destroy_process_group()
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----------------------------------------------------------------------------- JAX
@@ -139,7 +140,7 @@ def _jax_in_child(workdir: Path, dtype: str) -> dict:
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu",
                JAX_ENABLE_X64="1" if dtype == "float64" else "0")
     done = subprocess.run([sys.executable, "-m", "comparisons.data_parallel", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
     if done.returncode:
         raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
     result = json.loads((workdir / "jax.json").read_text())
@@ -185,7 +186,8 @@ def run(opts: Options = Options()) -> Result:
         workdir = Path(tmp)
         torch.save(to_torch(init), workdir / "init.pt")
         torch.save((torch.from_numpy(xs), torch.from_numpy(ys)), workdir / "batches.pt")
-        ddp = mp.spawn(ddp_worker, args=(WORLD, _free_port(), str(workdir), opts.dtype), nprocs=WORLD, join=False)
+        ddp = mp.spawn(ddp_worker, args=(WORLD, str(workdir / "rendezvous"), str(workdir), opts.dtype),
+                       nprocs=WORLD, join=False)
 
         # the one JAX-side weight that perturb shifts: every later step depends on it
         bias = init["2"]["bias"].copy()
@@ -197,8 +199,12 @@ def run(opts: Options = Options()) -> Result:
             np.savez(workdir / "jax_inputs.npz", xs=xs, ys=ys.astype(np.int32),
                      **{"p:" + k: np.asarray(v) for k, v in funcnet.state_dict(jax_init).items()})
             j = _jax_in_child(workdir, opts.dtype)
-        while not ddp.join(timeout=120):
-            pass
+        deadline = time.monotonic() + HANG_SECONDS
+        while not ddp.join(timeout=10):
+            if time.monotonic() > deadline:
+                for p in ddp.processes:
+                    p.kill()
+                raise TimeoutError(f"the torch DDP processes did not finish within {HANG_SECONDS} s")
         t = torch.load(workdir / "ddp.pt")
     torch_params = funcnet.state_dict(from_torch(t["state_dict"]))
 

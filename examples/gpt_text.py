@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 
 import jax
@@ -40,7 +41,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prompt", default="The ")
     parser.add_argument("--sample-chars", type=int, default=300)
+    parser.add_argument("--max-val-loss", type=float, default=1.5,
+                        help="exit 1 above this validation loss (nats/char); the full run reaches 1.43")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 layer, width 32, context 32, 1 epoch over blocks 256 apart: the CI setting, "
+                             "checked against the unigram baseline instead of --max-val-loss")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.n_layer, args.n_embd, args.block_size, args.stride, args.epochs = 1, 32, 32, 256, 1
+        args.sample_chars, args.max_val_loss = 60, None
 
     key_data, key_init, key_sample = jax.random.split(jax.random.key(args.seed), 3)
     train, val = text.load_text(args.block_size, stride=args.stride, key=key_data)
@@ -81,10 +90,15 @@ def main(argv=None) -> dict:
     sampled = text.complete(model, state.params, args.prompt, args.sample_chars, key=key_sample,
                             temperature=0.8, top_k=None)
     print(f"\n--- greedy, prompt {args.prompt!r} ---\n{greedy}\n\n--- temperature 0.8 ---\n{sampled}")
-    return {"val_loss": val_loss, "baseline": baseline, "steps": steps, "seconds": seconds,
+    bar = baseline if args.max_val_loss is None else args.max_val_loss
+    if not val_loss < bar or not greedy.strip():
+        print(f"FAILED: validation loss {val_loss:.3f} nats/char is not below the bar {bar:.3f} "
+              f"({'the unigram baseline' if args.max_val_loss is None else '--max-val-loss'}), or the sample is empty",
+              file=sys.stderr)
+    return {"ok": val_loss < bar and bool(greedy.strip()), "val_loss": val_loss, "baseline": baseline, "steps": steps, "seconds": seconds,
             "greedy": greedy, "sample": sampled, "history": history}
 
 
 if __name__ == "__main__":
     __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
-    main()
+    sys.exit(0 if main()["ok"] else 1)

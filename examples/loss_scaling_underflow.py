@@ -18,6 +18,7 @@ the float32 gradient is not, and the relative error against float32.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +40,14 @@ def gradients(model, params, x, y, policy, loss_scale):
     return loss_scale.unscale(jax.grad(loss_fn)(params))  # float32, divided by the scale
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--scale", type=float, default=2.0**16)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="2 epochs: the CI setting")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs = 2
 
     (x_tr, y_tr), _ = data.load("digits")
     model, tx = nn.MLP([64, 256, 256, 256, 256, 10]), optax.adam(1e-3)
@@ -60,6 +64,7 @@ def main() -> None:
           f"{float(info.smallest_normal):.1e}; loss scale {args.scale:g}\n")
     print(f"{'weight':10s} {'median |g|':>11s} {'zero where float32 is not':>27s} {'relative error':>21s}")
     print(f"{'':10s} {'float32':>11s} {'no scaling':>13s} {'scaled':>13s} {'no scaling':>10s} {'scaled':>10s}")
+    unscaled_lost, scaled_lost = [], []
     for name in ref:
         r, a, b = (np.ravel(t[name]["weight"]) for t in (ref, plain, scaled))
         nonzero = r != 0
@@ -67,7 +72,16 @@ def main() -> None:
         err_a, err_b = (np.linalg.norm(g - r) / np.linalg.norm(r) for g in (a, b))
         print(f"{name + '.weight':10s} {np.median(np.abs(r[nonzero])):>11.1e} {lost_a:>13.1%} {lost_b:>13.1%} "
               f"{err_a:>10.1e} {err_b:>10.1e}")
+        unscaled_lost.append(lost_a)
+        scaled_lost.append(lost_b)
+    print(f"\nunderflow to zero: {min(unscaled_lost):.1%}-{max(unscaled_lost):.1%} without scaling, "
+          f"{min(scaled_lost):.1%}-{max(scaled_lost):.1%} with scale {args.scale:g}")
+    if not (all(b <= a for a, b in zip(unscaled_lost, scaled_lost)) and sum(scaled_lost) < sum(unscaled_lost)):
+        print("FAILED: loss scaling did not lower the underflow (some layer lost more, or none lost less)",
+              file=sys.stderr)
+        return 1
+    return 0
 
 if __name__ == "__main__":
     __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
-    main()
+    sys.exit(main())

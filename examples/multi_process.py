@@ -53,7 +53,11 @@ def parse_args(argv=None):
     p.add_argument("--init-timeout", type=int, default=60, help="seconds for every process to join")
     p.add_argument("--heartbeat-timeout", type=int, default=10, help="seconds before a silent peer counts as dead")
     p.add_argument("--timeout", type=float, default=600, help="launcher: seconds before the whole run is stopped")
-    return p.parse_args(argv)
+    p.add_argument("--quick", action="store_true", help="1 epoch: the CI setting")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.epochs = 1
+    return args
 
 
 def worker(args) -> int:

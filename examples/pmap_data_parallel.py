@@ -22,6 +22,7 @@ throughput shows the mechanics, not a speed-up); on GPUs/TPUs the real ones are 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import jax
@@ -31,14 +32,18 @@ import funcnet
 from funcnet import data, nn, parallel
 
 
-def main() -> None:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=128, help="global batch, split over the devices")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
+    p.add_argument("--quick", action="store_true", help="2 devices, 2 epochs: the CI setting")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.devices, args.epochs = 2, 2
+    bar = 0.5  # test accuracy, five times chance: 2 epochs of SGD at lr 0.1 reach 0.64
 
     parallel.simulate_cpu_devices(args.devices)  # before the first array; no effect on GPUs/TPUs
     n = args.devices
@@ -70,8 +75,12 @@ def main() -> None:
         note = " (includes compiling)" if epoch == 1 else ""
         print(f"epoch {epoch}: loss {loss:.4f}  test accuracy {scores['accuracy']:.4f}  "
               f"{steps / seconds:.0f} steps/s, {steps * args.batch_size / seconds:.0f} examples/s{note}")
+    if scores["accuracy"] <= bar:
+        print(f"FAILED: test accuracy {scores['accuracy']:.4f} is not above the bar {bar}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
     __import__("funcnet.compile_cache").compile_cache.enable()  # a second run reads its compiled programs from disk
-    main()
+    sys.exit(main())

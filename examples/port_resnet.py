@@ -70,7 +70,11 @@ def main(argv=None) -> int:
 
     return _port.main(argv, description=__doc__.splitlines()[0], name="ResNet", torch_model=TorchResNet,
                       funcnet_model=models.ResNet, torch_sources=(TorchBasicBlock, TorchResNet),
-                      funcnet_sources=(models.BasicBlock, models.ResNet), epochs=5)
+                      funcnet_sources=(models.BasicBlock, models.ResNet), epochs=5,
+                      # two 5-epoch runs of the same code ended at 87.8% and 93.6%: the last epoch's test
+                      # accuracy of this recipe (SGD-momentum at lr 0.05, BatchNorm's running statistics
+                      # for eval) swings by several points, so the bar sits below both
+                      min_accuracy=0.85)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 ``load(name)`` returns ``(x_train, y_train), (x_test, y_test)``: ``x`` float32 of
 shape ``(n, features)`` scaled to [0, 1], ``y`` int32 class indices of shape ``(n,)``.
+Images come flat, as an MLP takes them (digits: ``(n, 64)``); ``image_shape=True`` gives
+torch's NCHW layout for a conv net (digits: ``(n, 1, 8, 8)``, MNIST: ``(n, 1, 28, 28)``),
+the same pixels in the same order.
 
 - ``"digits"``: scikit-learn's bundled 8x8 digits (1797 images, 64 features), split
   80/20 stratified by ``seed``.
@@ -27,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["DATASETS", "load", "num_classes", "fingerprint", "epoch_indices", "batches", "check_batch_size"]
+__all__ = ["DATASETS", "IMAGE_SHAPES", "load", "num_classes", "fingerprint", "epoch_indices", "batches", "check_batch_size"]
 
 DATASETS = ("digits", "mnist", "synthetic")
 
@@ -39,27 +42,45 @@ MNIST_FILES = {
 }
 
 
-def load(name: str, *, data_dir: str | os.PathLike | None = None, seed: int = 0, **kwargs):
+IMAGE_SHAPES = {"digits": (1, 8, 8)}  # (channels, height, width); MNIST's comes from its files
+
+
+def load(name: str, *, data_dir: str | os.PathLike | None = None, seed: int = 0, image_shape: bool = False,
+         **kwargs):
     """``(x_train, y_train), (x_test, y_test)`` as numpy arrays (float32 in [0, 1], int32).
+
+    ``x`` is flat, ``(n, features)``, unless ``image_shape=True``: then ``(n, 1, height, width)``,
+    the layout torch's ``Conv2d`` and ``funcnet.nn.Conv2d`` take (digits ``(n, 1, 8, 8)``,
+    MNIST ``(n, 1, 28, 28)``). ``"synthetic"`` has no image shape.
 
     Labels are class indices in ``[0, num_classes(name, **kwargs))``; a file holding any other
     label is refused (a model sized from the labels would silently grow a class per bad byte).
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"load({name!r}): seed must be a non-negative int, got {seed!r}")
+    if not isinstance(image_shape, bool):
+        raise TypeError(f"load({name!r}): image_shape must be True or False, got {image_shape!r}")
     if name == "digits":
-        return _digits(seed=seed, **kwargs)
-    if name == "mnist":
+        out, shape = _digits(seed=seed, **kwargs), IMAGE_SHAPES["digits"]
+    elif name == "mnist":
         if data_dir is None:
             raise ValueError(
                 "load('mnist') needs data_dir=... pointing at a folder with the IDX files "
                 + ", ".join(MNIST_FILES.values())
                 + " (optionally .gz); nothing is downloaded"
             )
-        return _mnist(Path(data_dir), **kwargs)
-    if name == "synthetic":
+        out, shape = _mnist(Path(data_dir), **kwargs)
+    elif name == "synthetic":
+        if image_shape:
+            raise ValueError("load('synthetic', image_shape=True): the synthetic data set is feature vectors, "
+                             "not images; drop image_shape or use 'digits' or 'mnist'")
         return _synthetic(seed=seed, **kwargs)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+    else:
+        raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+    if not image_shape:
+        return out
+    (x_tr, y_tr), (x_te, y_te) = out
+    return (x_tr.reshape(len(x_tr), *shape), y_tr), (x_te.reshape(len(x_te), *shape), y_te)
 
 
 def num_classes(name: str, **kwargs) -> int:
@@ -189,7 +210,9 @@ def _mnist(data_dir: Path):
     if x_tr.shape[1] != x_te.shape[1]:
         raise ValueError(f"{paths['train_images']} has {x_tr.shape[1]} pixels per image but "
                          f"{paths['test_images']} has {x_te.shape[1]}; use files of the same data set")
-    return (x_tr, arrays["train_labels"].astype(np.int32)), (x_te, arrays["test_labels"].astype(np.int32))
+    images = arrays["train_images"]
+    shape = (1, *images.shape[1:3]) if images.ndim == 3 else (1, x_tr.shape[1])  # (1, rows, cols)
+    return ((x_tr, arrays["train_labels"].astype(np.int32)), (x_te, arrays["test_labels"].astype(np.int32))), shape
 
 
 def check_batch_size(batch_size, n: int) -> int:

@@ -93,7 +93,8 @@ def test_page_in_chromium(page, driver):
     rows = driver.find_elements(By.CSS_SELECTOR, "table.summary tbody tr")
     assert [r.find_element(By.TAG_NAME, "a").text for r in rows] == [r.name for r in results]
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == ["PASS", "PASS", "FAIL"]
-    assert rows[2].text.split()[2:] == ["1/2", "10.0", "ms", "0.00", "ms", "10.0", "ms", "1.50", "s", "1.40", "s",
+    # torch eager compiled nothing: n/a, not a measured "0.00 ms"
+    assert rows[2].text.split()[2:] == ["1/2", "10.0", "ms", "n/a", "10.0", "ms", "1.50", "s", "1.40", "s",
                                         "20.0", "ms"]
     # each concept-map row links to a section that exists
     for row in driver.find_elements(By.CSS_SELECTOR, "table.concepts tbody tr"):
@@ -120,6 +121,10 @@ def test_page_in_chromium(page, driver):
         images = section.find_elements(By.TAG_NAME, "img")
         assert len(images) == len(result.series)
         assert all(driver.execute_script("return arguments[0].naturalWidth", img) > 100 for img in images)
+
+    # on screen too, a source line wider than its column folds: no box scrolls sideways
+    wide = sections[2].find_element(By.CSS_SELECTOR, "pre.src.torch")
+    assert driver.execute_script("return arguments[0].scrollWidth <= arguments[0].clientWidth", wide)
 
     # a narrow window stacks the sources, PyTorch above JAX
     driver.set_window_size(700, 1000)
@@ -156,3 +161,22 @@ def test_concept_map_matches_the_readme():
 def test_render_escapes_and_marks_failures():
     html = render([_failing()])
     assert 'class="badge fail"' in html and "one is not two" in html and "rtol 0, atol 0" in html
+
+
+def test_the_readme_screenshot_command_writes_a_picture_of_the_page(tmp_path):
+    from comparisons import _screenshot
+
+    driver, why = _browser()
+    if driver is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(why)
+        pytest.skip(why)
+    driver.quit()
+    page = write_page([_failing()], tmp_path / "page", Options())
+    assert _screenshot.main([str(page), str(tmp_path / "shot.png")]) == 0
+    from PIL import Image
+
+    with Image.open(tmp_path / "shot.png") as image:
+        assert image.size[0] == 1440 and image.size[1] > 1000 and image.mode == "P"
+    assert "python -m comparisons._screenshot page/index.html docs/img/comparisons_page.png" in \
+        (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -50,8 +50,9 @@ def test_report_and_json_carry_the_timing_split(monkeypatch, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| [paradigms](#paradigms) | PASS | 1/1 | 15.0 ms | 15.0 ms | 2.45 s | 2.40 s | 41.0 ms |" in report
     assert "### JAX (first call 2.45 s, compile 2.40 s, steady 41.0 ms)" in report
+    assert "### PyTorch (first call 15.0 ms, compile n/a, steady 15.0 ms)" in report  # eager compiles nothing
     (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
-    assert result["jax"] == {"output": "2", "seconds": 2.45, "first_call_seconds": 2.45, "compile_seconds": 2.4,
+    assert result["jax"] == {"output": "2", "source": "a = 2", "seconds": 2.45, "first_call_seconds": 2.45, "compile_seconds": 2.4,
                              "steady_seconds": 0.041}
 
 
@@ -80,3 +81,42 @@ def test_a_crashing_comparison_is_a_failure(monkeypatch):
 def test_result_needs_at_least_one_check():
     assert not Result("x", "x", Side("", ""), Side("", ""), []).ok
     assert Result("x", "x", Side("", ""), Side("", ""), [Check("c", True, "")]).ok
+
+
+def test_from_json_renders_a_saved_run_without_running(monkeypatch, tmp_path, capsys):
+    def fake_run_one(name, opts):
+        return Result(name, "fake title", Side("a = 1", "torch printed this", Seconds(0.5)),
+                      Side("b = 1", "jax printed this", Seconds(2.0, compile=1.5, steady=0.1)),
+                      [close("values agree", 1.0, 1.0, rtol=0, atol=0), Check("counted", True, "3 == 3")],
+                      notes="a note", series={"curve": {"torch": [1.0, 0.5], "jax": [1.0, 0.5]}})
+
+    monkeypatch.setattr(runner, "run_one", fake_run_one)
+    assert runner.main(["tensors", "autograd", "--no-source", "--json", str(tmp_path / "r.json")]) == 0
+    ran = capsys.readouterr().out
+    assert "1/2" in ran and "2/2" in ran and "2 comparisons, 4/4 checks pass" in ran
+
+    def must_not_run(name, opts):
+        raise AssertionError("--from-json ran a comparison")
+
+    monkeypatch.setattr(runner, "run_one", must_not_run)
+    assert runner.main(["--from-json", str(tmp_path / "r.json"), "--html", str(tmp_path / "page")]) == 0
+    page = (tmp_path / "page" / "index.html").read_text()
+    for shown in ("torch printed this", "jax printed this", "src highlight torch", "values agree", "a note",
+                  "4/4 checks pass", "data:image/png;base64,"):
+        assert shown in page, shown
+    assert ">n/a<" in page  # torch eager: nothing compiled, not "0.00 ms"
+    assert "2 comparisons, 4/4 checks pass" in capsys.readouterr().out
+
+
+def test_from_json_refuses_a_file_that_is_no_saved_run(tmp_path, capsys):
+    (tmp_path / "x.json").write_text('{"something": 1}')
+    assert runner.main(["--from-json", str(tmp_path / "x.json"), "--html", str(tmp_path / "page")]) == 2
+    assert "not a run written by --json" in capsys.readouterr().err
+
+
+def test_relative_error_is_reported_only_where_the_reference_is_clear_of_zero():
+    # near zero a rounding-sized difference over a tiny reference is a meaningless ratio
+    check = close("tiny reference", [1e-300, 2.0], [1e-310, 2.0 + 2e-7], rtol=1e-6, atol=1e-5)
+    assert check.ok and "max rel 1.00e-07" in check.detail, check.detail
+    check = close("all near zero", [1e-9], [0.0], rtol=1e-6, atol=1e-5)
+    assert check.ok and "max rel n/a" in check.detail

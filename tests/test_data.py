@@ -164,3 +164,29 @@ def test_fingerprint_changes_with_one_value_and_with_the_dtype():
     y[2, 3] = 1e-30
     assert data.fingerprint(y, np.arange(3)) != base
     assert data.fingerprint(x.astype(np.float64), np.arange(3)) != base
+
+
+def test_image_shape_gives_nchw_images_for_a_conv_net(tmp_path):
+    from sklearn.datasets import load_digits
+
+    (x_flat, y_flat), (x_te_flat, _) = data.load("digits")
+    (x_img, y_img), (x_te_img, _) = data.load("digits", image_shape=True)
+    assert x_img.shape == (1437, 1, 8, 8) and x_te_img.shape == (360, 1, 8, 8) and x_img.dtype == np.float32
+    np.testing.assert_array_equal(x_img.reshape(1437, 64), x_flat)
+    np.testing.assert_array_equal(y_img, y_flat)
+    # each image is one of scikit-learn's 8x8 images, rows and columns in place (oracle: its .images)
+    images = {(img / 16.0).astype(np.float32).tobytes() for img in load_digits().images}
+    assert all(x_img[i, 0].tobytes() in images for i in range(0, 1437, 97))
+
+    _mnist_dir(tmp_path)
+    written = np.random.default_rng(0).integers(0, 256, (20, 28, 28))  # what _mnist_dir wrote
+    (m_tr, _), (m_te, _) = data.load("mnist", data_dir=tmp_path, image_shape=True)
+    assert m_tr.shape == (20, 1, 28, 28) and m_te.shape == (5, 1, 28, 28)
+    np.testing.assert_allclose(m_tr[:, 0], written / 255.0, rtol=1e-6)
+
+
+def test_image_shape_is_refused_where_there_are_no_images():
+    with pytest.raises(ValueError, match="synthetic data set is feature vectors, not images"):
+        data.load("synthetic", image_shape=True)
+    with pytest.raises(TypeError, match="image_shape must be True or False, got 'yes'"):
+        data.load("digits", image_shape="yes")

@@ -1,0 +1,61 @@
+"""The README's picture of the comparisons page, taken in headless Chromium.
+
+    python -m comparisons --json r.json                    # the run (or any saved one)
+    python -m comparisons --from-json r.json --html page   # its page, without running again
+    python -m comparisons._screenshot page/index.html docs/img/comparisons_page.png
+
+Needs Debian's ``chromium`` and ``chromium-driver`` and selenium (the ``test`` extra), as the
+page test does. The picture is the top of the page (headline, summary, concept map) at
+1440 pixels wide, saved as an 8-bit palette PNG to keep the repository small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+
+def screenshot(page: Path, png: Path, *, width: int = 1440, height: int = 1960) -> Path:
+    from PIL import Image
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not binary or not driver_path:
+        raise RuntimeError("chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                f"--window-size={width},{height}", "--hide-scrollbars"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    try:
+        driver.get(Path(page).resolve().as_uri())
+        png.parent.mkdir(parents=True, exist_ok=True)
+        raw = png.with_suffix(".raw.png")
+        driver.save_screenshot(str(raw))
+    finally:
+        driver.quit()
+    Image.open(raw).convert("RGB").quantize(colors=256).save(png, optimize=True)
+    raw.unlink()
+    return png
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m comparisons._screenshot", description=__doc__.splitlines()[0])
+    parser.add_argument("page", type=Path, help="the page's index.html (python -m comparisons --html DIR)")
+    parser.add_argument("png", type=Path, help="where to write the picture")
+    args = parser.parse_args(argv)
+    if not args.page.is_file():
+        print(f"{args.page}: no such page; write one with python -m comparisons --from-json r.json --html page",
+              file=sys.stderr)
+        return 2
+    print(f"wrote {screenshot(args.page, args.png)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
