@@ -218,7 +218,7 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
 
     def run_blocks(self, x):
         # the loop's keys, drawn in its order, so dropout is the same with and without remat
-        keys = [self.next_key() for _ in range(config.n_layer)]
+        keys = [self.key_or_none() for _ in range(config.n_layer)]
         keys = None if keys[0] is None else jnp.stack(keys)
         return scan_blocks(config, stack_blocks(self.transformer.h.params), x, remat=policy, keys=keys,
                            train=self.training, dtype=dtype)

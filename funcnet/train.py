@@ -36,7 +36,7 @@ __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epo
 def _check_label_range(model, params, model_state, *datasets) -> None:
     # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
     # read a clipped logit. Check once, on the host, against the model's output size.
-    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x)[0], params, model_state,
+    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x, key=jax.random.key(0))[0], params, model_state,
                          jnp.asarray(datasets[0][0][:1]))
     if not is_classification(out, np.asarray(datasets[0][1][:1])):
         return
@@ -64,11 +64,22 @@ def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Mod
         record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
                       loss_scale=float(state.loss_scale.loss_scale))
     if test_data is not None:
-        scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn, metrics=metrics)
+        scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn, metrics=metrics,
+                          key=_eval_key(state.key))
         record.update({f"test_{k}": v for k, v in scores.items()})
     if check_finite:
         _guards.check_finite_record(record, state.params)
     return record
+
+
+def _eval_key(key):
+    """A key for a model that samples in eval too (a VAE), derived from the run's key without
+    consuming it (training draws the same keys with or without a test set); None for a
+    per-device stack of keys."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if (typed and jnp.ndim(key) != 0) or (not typed and jnp.shape(key) != (2,)):
+        return None
+    return jax.random.fold_in(jax.random.clone(key) if typed else key, 0x7E57)
 
 
 class _EpochProgress:

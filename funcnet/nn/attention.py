@@ -202,7 +202,7 @@ def MultiheadAttention(
             weights = weights[0]
         return out, weights
 
-    return Module(init, apply, name=name)
+    return Module(init, apply, name=name, batch_axis=0 if batch_first else 1)
 
 
 def _check_inputs(name, query, key, value, embed_dim, kdim, vdim) -> bool:

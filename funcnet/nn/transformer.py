@@ -115,7 +115,7 @@ def TransformerEncoderLayer(
     name = (f"{where}(d_model={d_model}, nhead={nhead}, dim_feedforward={dim_feedforward}, dropout={dropout}, "
             f"activation={act_name}, layer_norm_eps={layer_norm_eps}, batch_first={batch_first}, "
             f"norm_first={norm_first}, bias={bias})")
-    return Composite(_keyword_only(forward), name=name, **children)
+    return Composite(_keyword_only(forward), name=name, batch_axis=0 if batch_first else 1, **children)
 
 
 def _keyword_only(forward):
@@ -162,7 +162,7 @@ def TransformerEncoder(encoder_layer: Module, num_layers: int, norm: Module | No
         return output
 
     model = Composite(forward, name=f"{where}(layers={num_layers} x {encoder_layer.name}, norm={norm})",
-                      layers=ModuleList([encoder_layer] * num_layers), norm=norm)
+                      batch_axis=encoder_layer.batch_axis, layers=ModuleList([encoder_layer] * num_layers), norm=norm)
 
     def init(key):
         # torch's _get_clones deep-copies one initialized layer: every layer starts equal

@@ -1,0 +1,107 @@
+"""The silent traps found by porting real torch models: each test fails on the code that had
+the trap (it ran, with wrong numbers or a foreign message) and passes now."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import funcnet
+from funcnet import nn
+from funcnet.step import TrainState
+
+
+def _mse(o, t):
+    return jnp.mean((o - t) ** 2)
+
+
+def test_accum_steps_cuts_a_sequence_first_transformer_along_its_batch_axis():
+    # torch's layout (S, N, E): accum_steps=2 must cut N, not S. Oracle: the full-batch step
+    # (the mean of two equal micro-batch means is the full mean), which never cuts anything.
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
+    model = nn.TransformerEncoder(layer, 1)
+    assert model.batch_axis == 1
+    kx, ky = jax.random.split(jax.random.key(0))
+    x, y = jax.random.normal(kx, (6, 4, 8)), jax.random.normal(ky, (6, 4, 8))
+    tx = optax.sgd(0.5)
+    results = []
+    for k in (1, 2):
+        state = funcnet.create_train_state(model, tx, jax.random.key(7))
+        state, metrics = funcnet.make_step(model, tx, _mse, accum_steps=k)(state, (x, y))
+        results.append((state.params, float(metrics["loss"])))
+    (p1, l1), (p2, l2) = results
+    assert l2 == pytest.approx(l1, rel=1e-5)
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_accum_steps_refuses_a_composite_whose_batch_axis_is_unknown():
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, dim_feedforward=16), 1)
+    model = nn.Composite(lambda self, x: self.enc(jnp.swapaxes(x, 0, 1)), name="Wrapper", enc=encoder)
+    assert model.batch_axis is None
+    with pytest.raises(ValueError, match=r"accum_steps=2 cuts the batch .* batch axis of Wrapper is not known .* "
+                                         r"pass make_step\(\.\.\., batch_axis=0 or 1\)"):
+        funcnet.make_step(model, optax.sgd(0.1), _mse, accum_steps=2)
+    funcnet.make_step(model, optax.sgd(0.1), _mse, accum_steps=2, batch_axis=0)  # said explicitly: accepted
+    funcnet.make_step(model, optax.sgd(0.1), _mse)  # nothing to cut: accepted
+
+
+def test_a_stateless_model_given_state_refuses_instead_of_returning_y_alone():
+    model = nn.MLP([3, 4, 2])
+    params = model.init(jax.random.key(0))
+    x = jnp.ones((2, 3))
+    for state in ({}, {"anything": 1}):
+        with pytest.raises(TypeError, match=r"Sequential has no state .* call y = model.apply\(params, x\), or "
+                                            r"funcnet.nn.call\(model, params, state, x\)"):
+            model.apply(params, x, state=state)
+    y, s = nn.call(model, params, {}, x)  # the one form for every model
+    assert y.shape == (2, 2) and s == {}
+
+
+def test_params_given_to_create_train_state_survive_the_donating_step():
+    model, tx = nn.MLP([3, 2]), optax.sgd(0.1)
+    loaded = model.init(jax.random.key(1))
+    before = jax.tree.map(np.array, loaded)
+    state = funcnet.create_train_state(model, tx, jax.random.key(0), params=loaded)
+    step = funcnet.make_step(model, tx)
+    step(state, (jnp.ones((4, 3)), jnp.zeros(4, jnp.int32)))
+    for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(np.asarray(a), b)  # not "Array has been deleted"
+
+
+def test_a_state_holding_one_array_twice_trains_or_is_named():
+    model, tx = nn.MLP([3, 2]), optax.sgd(0.1)
+    z = jnp.zeros((2, 5))
+    batch = (jnp.ones((4, 3)), jnp.zeros(4, jnp.int32))
+    step = funcnet.make_step(model, tx)
+    state = funcnet.create_train_state(model, tx, jax.random.key(0), model_state={"hidden": (z, z)})
+    new, _ = step(state, batch)  # the LSTM idiom (z, z): create_train_state gives each its own buffer
+    np.testing.assert_array_equal(new.model_state["hidden"][1], 0.0)
+    by_hand = TrainState(state.params, state.opt_state, state.step, state.key, None, {"hidden": (z, z)})
+    with pytest.raises(ValueError, match=r"holds one array twice, at state.model_state\['hidden'\]\[0\] and "
+                                         r"state.model_state\['hidden'\]\[1\]; the step "
+                                         r"donates .* give each its own array \(jnp.copy\)"):
+        step(by_hand, batch)
+
+
+def _vae_like():
+    def forward(self, x):  # samples noise in eval too, like pytorch/examples' VAE
+        mu = self.enc(x)
+        return mu + jax.random.normal(self.next_key(), mu.shape)
+
+    return nn.Composite(forward, name="VAE", enc=nn.Linear(3, 2))
+
+
+def test_next_key_without_a_key_names_the_module_and_evaluate_takes_one():
+    model = _vae_like()
+    params = model.init(jax.random.key(0))
+    x, y = np.ones((4, 3), np.float32), np.zeros(4, np.int32)
+    with pytest.raises(ValueError, match=r"VAE: self.next_key\(\) needs a PRNG key, but apply was called without "
+                                         r"one; pass key=jax.random.key\(seed\)"):
+        model.apply(params, x)
+    scores = funcnet.evaluate(model, params, x, y, key=jax.random.key(1))
+    assert np.isfinite(scores["loss"])
+    _, history = funcnet.fit(model, optax.sgd(0.1), (x, y), (x, y), epochs=1, batch_size=2, key=jax.random.key(0),
+                             progress=False)
+    assert np.isfinite(history[-1]["test_loss"])
