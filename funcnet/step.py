@@ -134,7 +134,8 @@ def _check_batch(x, y, accum_steps: int, axis: int) -> None:
         layout = "x: (batch, features), y: (batch,)" if axis == 0 else f"x with the batch on axis {axis}"
         raise ValueError(
             f"batch inputs of shape {jnp.shape(x)} and labels of shape {jnp.shape(y)} must share the "
-            f"batch axis (axis {axis} of x, {yax} of y); pass batch=(x, y) with {layout}"
+            f"{'leading batch axis' if axis == 0 else f'batch axis (axis {axis} of x, {yax} of y)'}; pass "
+            f"batch=(x, y) with {layout}"
         )
     if jnp.shape(x)[axis] % accum_steps:
         raise ValueError(
