@@ -57,6 +57,7 @@ so unreplicate it first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -111,8 +112,14 @@ class lock:
     ``CheckpointLockedError`` at once; no waiting. No-op where ``fcntl`` is missing (Windows).
     """
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, *, name: str = LOCK_NAME, what: str | None = None,
+                 other: str = "folder", remove: bool = False):
+        # name/what/remove: the same lock for another output (``funcnet train --out`` locks
+        # ``.OUT.lock`` beside its folder, removed on release so no file is left behind)
         self.directory = Path(directory)
+        self.path = self.directory / name
+        self.what = what or f"checkpoint folder {self.directory}"
+        self.other, self.remove = other, remove
         self._fd = None
 
     def acquire(self) -> "lock":
@@ -120,21 +127,30 @@ class lock:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
             return self
-        path = self.directory / LOCK_NAME
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot lock checkpoint folder {self.directory}: {e.strerror} ({path}); "
-                                   f"pass a folder this user can write") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        path = self.path
+        while True:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot lock {self.what}: {e.strerror} ({path}); pass a folder this user "
+                                       f"can write") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise CheckpointLockedError(
+                    f"{self.what} is in use by another run (process {holder} holds {path}); wait for it to "
+                    f"finish, stop it, or use another {self.other}"
+                ) from None
+            try:  # a holder that removes the file on release may have removed this one: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            raise CheckpointLockedError(
-                f"checkpoint folder {self.directory} is in use by another run (process {holder} holds "
-                f"{path}); wait for it to finish, stop it, or use another folder") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -142,6 +158,9 @@ class lock:
 
     def release(self) -> None:
         if self._fd is not None:
+            if self.remove:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)  # while still held: the next taker re-checks the inode
             os.close(self._fd)  # closing drops the flock; the file stays for the next holder
             self._fd = None
 

@@ -82,16 +82,31 @@ def _eval_key(key):
     return jax.random.fold_in(jax.random.clone(key) if typed else key, 0x7E57)
 
 
+_STEP_BAR = 200  # an epoch of at least this many steps gets a step count inside the epoch bar
+
+
 class _EpochProgress:
     """``fit``'s progress bar, one tick per epoch, described by the last record's loss and test
-    accuracy: ``with _EpochProgress(show, epochs, done) as bar: ... bar.advance(record)``."""
+    accuracy: ``with _EpochProgress(show, epochs, done) as bar: ... bar.advance(record)``.
+    With ``steps`` (an epoch's steps, at least ``_STEP_BAR``) it also counts the steps of the
+    current epoch: ``callback()`` is a ``Callback`` updating it about 50 times an epoch (the
+    epoch then runs in stretches, the same batches and keys, the same bits)."""
 
-    def __init__(self, show: bool, epochs: int, done: int):
+    def __init__(self, show: bool, epochs: int, done: int, steps: int = 0):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        self.steps = steps if show and steps >= _STEP_BAR else 0
         self._bar = Progress(TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                              TimeElapsedColumn(), disable=not show, transient=False)
-        self._task = self._bar.add_task("", total=epochs, completed=done)
+        self._task = self._bar.add_task(f"step 0/{self.steps}" if self.steps else "", total=epochs, completed=done)
+        self._last = ""
+
+    def callback(self):
+        def on_steps(state, position):
+            done = len(next(iter(position.metrics.values()))) if position.metrics else 0
+            self._bar.update(self._task, description=f"step {done}/{self.steps}{self._last}")
+
+        return _callbacks.Callback(on_steps=on_steps, every_steps=max(1, self.steps // 50))
 
     def __enter__(self):
         self._bar.__enter__()
@@ -104,6 +119,9 @@ class _EpochProgress:
         desc = f"loss {record['train_loss']:.4f}"
         if "test_accuracy" in record:
             desc += f"  test acc {record['test_accuracy']:.4f}"
+        if self.steps:
+            self._last = f"  {desc}"
+            desc = f"step 0/{self.steps}{self._last}"
         self._bar.update(self._task, advance=1, description=desc)
 
 
@@ -184,7 +202,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     precision, strategy, callbacks = _grouped(deprecated, precision, strategy, callbacks)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-    on_epoch, every_steps, on_steps = _callbacks.combine(_callbacks.check(callbacks))
+    callbacks = _callbacks.check(callbacks)
     policy, loss_scale = _precision.resolve_precision(precision)
     strategy = _strategy.resolve(strategy, devices)
     if check_finite:
@@ -209,7 +227,11 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     _check_label_range(model, state.params, state.model_state, train_data, test_data)
     state = run.put(state)
     history = []
-    with _EpochProgress(progress, epochs, start.epoch) as bar:
+    bar = _EpochProgress(progress, epochs, start.epoch, len(x_tr) // batch_size)
+    if bar.steps:
+        callbacks = (*callbacks, bar.callback())
+    on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
+    with bar:
         for epoch in range(start.epoch, epochs):
             state, epoch_metrics = run.epoch(state, start, batch_size, every_steps, on_steps)
             start = Position(epoch + 1)

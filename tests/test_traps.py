@@ -105,3 +105,22 @@ def test_next_key_without_a_key_names_the_module_and_evaluate_takes_one():
     _, history = funcnet.fit(model, optax.sgd(0.1), (x, y), (x, y), epochs=1, batch_size=2, key=jax.random.key(0),
                              progress=False)
     assert np.isfinite(history[-1]["test_loss"])
+
+
+def test_load_state_dict_refuses_a_lossy_cast_unless_asked():
+    params = {"w": jnp.zeros((2,), jnp.float32), "h": jnp.zeros((2,), jnp.float16), "n": jnp.zeros((), jnp.int32)}
+    good = {"w": np.ones(2, np.float32), "h": np.ones(2, np.float16), "n": np.array(3, np.int64)}
+    loaded = funcnet.load_state_dict(params, good)  # int64 3 fits int32: no loss, accepted
+    assert int(loaded["n"]) == 3 and loaded["n"].dtype == jnp.int32
+    f64 = {**good, "w": np.array([0.1, 0.2])}  # a .double() port
+    with pytest.raises(funcnet.StateDictError, match=r"w: holds float64 values but the model's parameter is float32, "
+                                                     r"a lossy cast; build the model in float64 .* or pass cast=True"):
+        funcnet.load_state_dict(params, f64)
+    np.testing.assert_array_equal(funcnet.load_state_dict(params, f64, cast=True)["w"], np.float32([0.1, 0.2]))
+    with pytest.raises(funcnet.StateDictError, match=r"n: holds int64 values but the model's parameter is int32"):
+        funcnet.load_state_dict(params, {**good, "n": np.array(2**40)})
+    big = {**good, "h": np.array([1e6, 1.0], np.float32)}  # 1e6 is inf in float16
+    for cast in (False, True):
+        with pytest.raises(funcnet.StateDictError, match=r"h: holds 1e\+06, beyond float16's largest value 65504 "
+                                                         r"\(it would become inf\)"):
+            funcnet.load_state_dict(params, big, cast=cast)

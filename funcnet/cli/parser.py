@@ -97,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "paper's tensors, those without the softmax output, or each block's input only (same "
                         "results, less memory; default: no remat)")
     g.add_argument("--sample-chars", type=_positive_int, default=None,
-                   help="characters sampled (greedy) after training, printed and kept in metrics.json "
-                        "(default 200)")
+                   help="characters sampled after training (temperature 0.8, top 10, seeded by --seed), printed "
+                        "and kept in metrics.json (default 200)")
     t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
                    help="hidden layer sizes of the MLP (default: 128)")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
@@ -112,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
                    help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted; "
                         "--resume auto also starts a fresh run when there is none yet (restart-safe)")
-    t.add_argument("--out", default="runs/train",
-                   help="output folder of its own (created if missing; replaced as a whole when the run ends)")
+    t.add_argument("--out", default=None,
+                   help="output folder of its own (created if missing; replaced as a whole when the run ends; "
+                        "locked while the run lasts); default runs/train-MODEL (runs/train-mlp, runs/train-cnn, "
+                        "runs/train-gpt), so runs of different models never replace each other")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("info", help="print both framework stacks on this machine")

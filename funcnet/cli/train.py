@@ -61,6 +61,7 @@ def train_command(args) -> dict:
     with contextlib.ExitStack() as stack:
         stack.enter_context(run.signals())
         outputs = _Outputs(Path(args.out))
+        stack.enter_context(outputs.lock())  # one run per --out, as per --checkpoint-dir
         stack.callback(outputs.discard)
         outputs.prepare()  # --out is writable: before any data is loaded or training starts
         if args.checkpoint_dir is not None:
@@ -131,12 +132,12 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     history = done + history
 
     metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
-    if args.model == "gpt":  # nats per character against a model that ignores context, and a greedy sample
+    if args.model == "gpt":  # nats per character against a model that ignores context, and a sample
         metrics["unigram_baseline"] = text.unigram_entropy()
-        metrics["sample"] = text.complete(model, state.params, "\n", args.sample_chars, key=jax.random.key(args.seed),
-                                          greedy=True)
+        metrics["sample"] = _sample(model, state.params, args)
         print(f"validation loss {metrics['final'].get('test_loss', float('nan')):.3f} nats/char "
-              f"(unigram baseline {metrics['unigram_baseline']:.3f}); greedy sample:\n{metrics['sample']}")
+              f"(unigram baseline {metrics['unigram_baseline']:.3f}); sample (temperature {SAMPLE_TEMPERATURE}, "
+              f"top {SAMPLE_TOP_K}, seed {args.seed}):\n{metrics['sample']}")
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
     arrays = state_dict(state.params, state.model_state, model=model)
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
@@ -145,6 +146,21 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 10
+
+
+def _sample(model, params, args) -> str:
+    """``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
+    deterministic per --seed. Greedy decoding is no sample of a small model: after a few epochs
+    its argmax is " " almost everywhere, and it printed a blank line of spaces."""
+    import jax
+
+    from funcnet import text
+
+    return text.complete(model, params, "\n", args.sample_chars, key=jax.random.key(args.seed),
+                         temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K)
 
 
 def _build_model(args, n_features: int, n_classes: int):
@@ -278,6 +294,8 @@ def _check_model_flags(args) -> None:
 
 def _check_flags(args) -> None:
     _check_model_flags(args)
+    if args.out is None:  # one default per model: a cnn run never replaces the mlp run's outputs
+        args.out = f"runs/train-{args.model}"
     if args.dataset == "mnist" and args.data_dir is None:
         raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
                          "(nothing is downloaded)")
