@@ -567,3 +567,55 @@ def test_restore_with_a_string_step_and_a_renamed_file(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=r"step_00000009.ckpt holds step 3 but its name says step 9 "
                                                          r"\(renamed by hand\?\); rename it to step_00000003.ckpt"):
         checkpoint.restore(tmp_path, state)
+
+
+# ---- issue 20: what the 312-case probe still found ----------------------------------------------
+
+def test_a_second_run_on_a_locked_out_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    from funcnet import data
+    from funcnet.cli.outputs import _Outputs
+
+    monkeypatch.setattr(data, "load", lambda *a, **k: pytest.fail("data loaded while --out is locked"))
+    out = tmp_path / "out"
+    with _Outputs(out).lock():  # another run writing --out
+        status, _, err = run_main(["train", *TINY, "--out", str(out)])
+    assert status == 2
+    assert one_line(err) == (f"funcnet train: error: --out {out} is in use by another run (process {os.getpid()} "
+                             f"holds {tmp_path}/.out.lock); wait for it to finish, stop it, or use another --out")
+    assert not out.exists()
+
+
+def test_the_default_out_is_per_model_so_a_cnn_run_keeps_the_mlp_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_main(["train", *TINY])[0] == 0
+    mlp = snapshot(tmp_path / "runs" / "train-mlp")
+    status, out, err = run_main(["train", "--quiet", "--epochs", "1", "--batch-size", "128", "--model", "cnn"])
+    assert status == 0, err
+    assert "wrote runs/train-cnn/metrics.json" in out
+    assert snapshot(tmp_path / "runs" / "train-mlp") == mlp
+    assert sorted(os.listdir(tmp_path / "runs")) == ["train-cnn", "train-mlp"]  # no lock file left behind
+
+
+def test_a_sigterm_swallowed_by_a_callback_still_exits_143_without_writing_out(tmp_path):
+    # JAX's gc callback (like any __del__) only prints what its code raises: the handler's
+    # exception is lost there, and the run went on to write --out and exit 0
+    proc = subprocess.Popen(_script(f"""
+        import os, signal, sys, time
+        import funcnet.data as d
+        from funcnet.cli import main
+        real = d.load
+        class Dying:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)  # the handler runs in here
+        def load(*a, **k):
+            Dying()
+            return real(*a, **k)
+        d.load = load
+        sys.exit(main({["train", *TINY, "--out", str(tmp_path / "out")]!r}))
+    """), stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("funcnet train: terminated by SIGTERM: nothing was saved (no "
+                                            "--checkpoint-dir): rerun to start over; --out is left as it was")
+    assert not (tmp_path / "out").exists()
