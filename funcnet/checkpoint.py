@@ -215,6 +215,8 @@ def _flatten(tree, what: str):
 
 
 def _check_step(step) -> int:
+    if isinstance(step, (bool, np.bool_)):  # True is operator.index-able: it would save step 1
+        raise TypeError(f"save: step must be a non-negative integer, got {step!r} (a bool); pass step=int(state.step)")
     try:
         step = operator.index(step) if not hasattr(step, "item") else operator.index(step.item())
     except (TypeError, ValueError):  # a float, or an array of more than one element
@@ -265,6 +267,10 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
         if _is_key(leaf):
             key_impls[name] = _key_impl(leaf)
             leaf = jax.random.key_data(leaf)
+        if not hasattr(leaf, "dtype") and not isinstance(leaf, (int, float, complex, bool)):
+            raise CheckpointError(f"save: leaf {name} is {type(leaf).__name__}, not an array or a number; a "
+                                  f"checkpoint holds arrays: keep other values out of the state (JSON-able ones in "
+                                  f"metadata=)")
         arrays[name] = np.asarray(leaf)  # device -> host copy, taken before any later donation
     payload = serialization.msgpack_serialize(
         {"step": step, "leaves": arrays, "key_impls": key_impls, "metadata": meta_text})
@@ -333,8 +339,13 @@ def _resolve(directory, step) -> Path:
 
 
 def _read(path: Path) -> dict:
-    raw = path.read_bytes()
     fix = f"delete {path.name} to fall back to the previous checkpoint"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        what = ("a folder" if path.is_dir() else "a link to a missing file" if path.is_symlink() and not path.exists()
+                else "unreadable")
+        raise CheckpointError(f"{path} cannot be read as a checkpoint: it is {what} ({e.strerror}); {fix}") from None
     if len(raw) < _HEADER.size or not raw.startswith(_MAGIC):
         if raw[:len(_MAGIC)] == _MAGIC[:len(raw)]:
             raise CheckpointError(f"{path} is truncated: {len(raw)} bytes, shorter than its "
@@ -354,7 +365,8 @@ def _read(path: Path) -> dict:
         content = serialization.msgpack_restore(body)
         content["metadata"] = json.loads(content["metadata"])
     except Exception as e:  # checksum matched, so this is a writer bug or a foreign file
-        raise CheckpointError(f"{path} passed its checksum but could not be decoded ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path} passed its checksum but its payload is not a funcnet checkpoint's (msgpack: "
+                              f"{type(e).__name__}); it was written by another program or version: {fix}") from e
     named = _NAME.match(path.name)
     if named and int(named.group(1)) != content["step"]:
         raise CheckpointError(f"{path} holds step {content['step']} but its name says step {int(named.group(1))} "

@@ -15,7 +15,14 @@ from funcnet import data as _data
 from funcnet import guards as _guards
 from funcnet import losses as _losses
 from funcnet.nn.module import Module, call
-from funcnet.step import Position, TrainState, _check_unshared, default_metrics, is_classification
+from funcnet.step import (
+    Position,
+    TrainState,
+    _check_label_range,
+    _check_unshared,
+    default_metrics,
+    is_classification,
+)
 
 __all__ = ["run_epoch", "evaluate"]
 
@@ -205,6 +212,8 @@ def evaluate(model: Module, params, x, y, *, state: Any = None, batch_size: int 
                          f"statistics), which eval mode uses: pass state=train_state.model_state")
     n = len(x)
     batch_size = n if batch_size is None else _data.check_batch_size(batch_size, n)
+    if metrics is default_metrics:
+        _check_label_range(model, params, state, {"test": (x, y)}, "evaluate")
     totals: dict = {}
     elements = 0
     for start in range(0, n, batch_size):

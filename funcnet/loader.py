@@ -367,8 +367,7 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
     if state is None:
         state = _train.create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
     if test_data is not None:  # the test labels against the model's outputs; label 0 of the first pair fits any
-        _train._check_label_range(model, state.params, state.model_state,
-                                  (x_te[:1], np.zeros_like(np.asarray(y_te[:1]))), (x_te, y_te))
+        _train._check_label_range(model, state.params, state.model_state, {"test": (x_te, y_te)}, "fit_stream")
     per_epoch, done = loader.steps_per_epoch, int(state.step)
     if done > epochs * per_epoch:
         raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")

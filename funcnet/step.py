@@ -17,6 +17,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from funcnet import guards as _guards
@@ -121,6 +122,30 @@ def _check_key(key, where: str) -> None:
     if not (typed and jnp.shape(key) == ()) and not raw:
         raise TypeError(f"{where}: key must be one PRNG key such as jax.random.key(0), got {key!r:.80}; "
                         f"pass key=jax.random.key(seed)")
+
+
+def _check_label_range(model, params, model_state, named: dict, where: str = "fit") -> None:
+    """Refuse class-index labels outside the model's outputs, on the host: inside jit an
+    out-of-range label is no error (the loss reads a clipped logit or NaN, accuracy 0)."""
+    named = {k: v for k, v in named.items() if v is not None and len(v[1])}
+    if not named:
+        return
+    x0 = next(iter(named.values()))[0]
+    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x, key=jax.random.key(0))[0], params, model_state,
+                         jnp.asarray(x0[:1]))
+    for name, (_, y) in named.items():
+        _check_labels(out, y, f"{where}: {name} labels", np.asarray(y[:1]))
+
+
+def _check_labels(out, y, what: str, probe=None) -> None:
+    """``probe``: labels shaped as ``out``'s batch (default ``y``)."""
+    if isinstance(y, jax.core.Tracer) or not is_classification(out, y if probe is None else probe):
+        return
+    n_classes = out.shape[-1]
+    low, high = int(np.min(y)), int(np.max(y))
+    if low < 0 or high >= n_classes:
+        raise ValueError(f"{what} range over [{low}, {high}] but the model has {n_classes} outputs; labels must be "
+                         f"class indices in [0, {n_classes - 1}] (or widen the last layer)")
 
 
 def _label_axis(y, axis: int) -> int:
@@ -317,9 +342,23 @@ def make_step(
         jitted.raw = step
         return jitted
 
+    outputs_of: dict = {}  # (x's shape and dtype) -> the model's output shape, for the label check
+
     @functools.wraps(step)
     def compiled(state, batch):
         _check_unshared(state)
+        if isinstance(state, TrainState) and isinstance(batch, (tuple, list)) and len(batch) == 2:
+            x, y = batch
+            if hasattr(x, "shape") and hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.integer):
+                spec = (tuple(x.shape), str(x.dtype))
+                if spec not in outputs_of:
+                    outputs_of[spec] = jax.eval_shape(
+                        lambda p, s, xb: call(model, p, s, _split(xb, accum_steps, axis)[0] if accum_steps > 1
+                                              else xb, key=jax.random.key(0))[0], state.params, state.model_state, x)
+                out = outputs_of[spec]
+                if accum_steps > 1:  # the check wants the whole batch's output shape
+                    out = jax.ShapeDtypeStruct(jnp.shape(y) + out.shape[jnp.ndim(y):], out.dtype)
+                _check_labels(out, y, "step: the labels")
         return jitted(state, batch)
 
     compiled.raw, compiled.lower, compiled.jitted = step, jitted.lower, jitted

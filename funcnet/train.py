@@ -28,26 +28,17 @@ from funcnet import precision as _precision
 from funcnet import strategy as _strategy
 from funcnet.epoch import evaluate, run_epoch
 from funcnet.nn.module import Module, call
-from funcnet.step import Position, TrainState, create_train_state, default_metrics, is_classification, make_step
+from funcnet.step import (
+    Position,
+    TrainState,
+    _check_label_range,
+    create_train_state,
+    default_metrics,
+    is_classification,
+    make_step,
+)
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
-
-
-def _check_label_range(model, params, model_state, *datasets) -> None:
-    # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
-    # read a clipped logit. Check once, on the host, against the model's output size.
-    out = jax.eval_shape(lambda p, s, x: call(model, p, s, x, key=jax.random.key(0))[0], params, model_state,
-                         jnp.asarray(datasets[0][0][:1]))
-    if not is_classification(out, np.asarray(datasets[0][1][:1])):
-        return
-    n_classes = out.shape[-1]
-    for name, ds in zip(("train", "test"), datasets):
-        if ds is None or not len(ds[1]):
-            continue
-        low, high = int(np.min(ds[1])), int(np.max(ds[1]))
-        if low < 0 or high >= n_classes:
-            raise ValueError(f"{name} labels range over [{low}, {high}] but the model has {n_classes} outputs; "
-                             f"labels must be class indices in [0, {n_classes - 1}] (or widen the last layer)")
 
 
 def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Module, test_data=None, *,
@@ -224,7 +215,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
                            accum_steps=accum_steps, policy=policy, metrics=metrics)
     if state is None:
         state = fresh_state()
-    _check_label_range(model, state.params, state.model_state, train_data, test_data)
+    _check_label_range(model, state.params, state.model_state, {"train": train_data, "test": test_data})
     state = run.put(state)
     history = []
     bar = _EpochProgress(progress, epochs, start.epoch, len(x_tr) // batch_size)

@@ -124,3 +124,19 @@ def test_load_state_dict_refuses_a_lossy_cast_unless_asked():
         with pytest.raises(funcnet.StateDictError, match=r"h: holds 1e\+06, beyond float16's largest value 65504 "
                                                          r"\(it would become inf\)"):
             funcnet.load_state_dict(params, big, cast=cast)
+
+
+def test_out_of_range_labels_are_refused_by_the_step_and_evaluate():
+    model, tx = nn.MLP([3, 4]), optax.sgd(0.1)
+    params = model.init(jax.random.key(0))
+    x, y = np.ones((4, 3), np.float32), np.array([0, 1, 4, 2], np.int32)
+    with pytest.raises(ValueError, match=r"evaluate: test labels range over \[0, 4\] but the model has 4 outputs; "
+                                         r"labels must be class indices in \[0, 3\]"):
+        funcnet.evaluate(model, params, x, y)
+    step = funcnet.make_step(model, tx)
+    state = funcnet.create_train_state(model, tx, jax.random.key(1))
+    with pytest.raises(ValueError, match=r"step: the labels range over \[0, 4\] but the model has 4 outputs"):
+        step(state, (x, y))
+    with pytest.raises(ValueError, match=r"range over \[-1, 2\]"):
+        funcnet.make_step(model, tx, accum_steps=2)(state, (x, np.array([0, 1, -1, 2], np.int32)))
+    state, _ = step(state, (x, y % 4))  # in range: trains
