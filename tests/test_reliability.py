@@ -619,3 +619,56 @@ def test_a_sigterm_swallowed_by_a_callback_still_exits_143_without_writing_out(t
     assert err.strip().splitlines()[-1] == ("funcnet train: terminated by SIGTERM: nothing was saved (no "
                                             "--checkpoint-dir): rerun to start over; --out is left as it was")
     assert not (tmp_path / "out").exists()
+
+
+def _library_misuse_cases(tmp):
+    """(call, error type, fragments the message must hold: the value, what was expected, the fix)."""
+    import jax
+    import optax
+
+    from funcnet import gpt, nn, train
+    from funcnet.interop import load_safetensors, save_safetensors
+
+    state = train.create_train_state(nn.MLP([2, 3]), optax.sgd(0.1), jax.random.key(0))
+    (tmp / "ck").mkdir()
+    os.mkdir(tmp / "ck" / "step_00000004.ckpt")  # a folder named like a checkpoint
+    (tmp / "dangling").mkdir()
+    os.symlink(tmp / "nowhere", tmp / "dangling" / "step_00000002.ckpt")
+    (tmp / "garbage.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage}")
+    (tmp / "huge.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    (tmp / "model.pt").write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    model = gpt.build(10, 8, n_layer=1, n_head=1, n_embd=8)
+    params = model.init(jax.random.key(0))
+    idx = np.zeros((1, 2), np.int32)
+    return [
+        (lambda: checkpoint.save(tmp / "s", state, step=True), TypeError, ["got True (a bool)", "step=int(state.step)"]),
+        (lambda: checkpoint.save(tmp / "o", {"w": object()}, step=1), checkpoint.CheckpointError,
+         ["leaf w is object, not an array", "keep other values out of the state"]),
+        (lambda: checkpoint.restore(tmp / "ck", state), checkpoint.CheckpointError,
+         ["step_00000004.ckpt cannot be read as a checkpoint: it is a folder", "delete step_00000004.ckpt"]),
+        (lambda: checkpoint.restore(tmp / "dangling", state), checkpoint.CheckpointError,
+         ["it is a link to a missing file"]),
+        (lambda: load_safetensors(tmp / "garbage.safetensors"), ValueError,
+         [f"{tmp}/garbage.safetensors is not a readable safetensors file", "write it again"]),
+        (lambda: load_safetensors(tmp / "huge.safetensors"), ValueError, [f"{tmp}/huge.safetensors is not a readable"]),
+        (lambda: load_safetensors(tmp / "model.pt"), ValueError, ["a torch.save .pt file", "torch.load(path"]),
+        (lambda: load_safetensors(tmp), IsADirectoryError, [f"{tmp} is a folder", "pass the .safetensors file"]),
+        (lambda: save_safetensors(tmp / "gone" / "m.safetensors", {"w": np.ones(2)}), OSError,
+         [f"cannot write {tmp}/gone/m.safetensors", "No such file or directory", "an existing folder"]),
+        (lambda: save_safetensors(tmp, {"w": np.ones(2)}), IsADirectoryError, [f"{tmp} is a folder"]),
+        (lambda: gpt.generate(model, params, idx, 3, key=0), TypeError, ["key must be one PRNG key", "got 0"]),
+        (lambda: gpt.generate(model, params, idx, 3, key=jax.random.key(0), block_size=99), ValueError,
+         ["block_size must be an int in [1, 8]", "got 99"]),
+        (lambda: gpt.generate(model, params, idx + 10, 3, key=jax.random.key(0)), ValueError,
+         ["token ids in [10, 10], outside the vocabulary of 10", "encode the prompt"]),
+        (lambda: train.create_train_state([nn.Linear(2, 2)], optax.sgd(0.1), jax.random.key(0)), TypeError,
+         ["got list (a list of layers: wrap it, nn.Sequential(*layers))"]),
+    ]
+
+
+def test_library_misuse_is_named(tmp_path):
+    for i, (call, error, fragments) in enumerate(_library_misuse_cases(tmp_path)):
+        with pytest.raises(error) as info:
+            call()
+        for fragment in fragments:
+            assert fragment in str(info.value), (i, fragment, str(info.value))
