@@ -672,3 +672,65 @@ def test_library_misuse_is_named(tmp_path):
             call()
         for fragment in fragments:
             assert fragment in str(info.value), (i, fragment, str(info.value))
+
+
+def _records(root: Path, name: str, bad_label=None) -> Path:
+    from funcnet import loader
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((100, 64), dtype=np.float32), np.arange(100) % 10
+    if bad_label is not None:
+        y[3] = bad_label
+    return loader.write_records(root / name, x, y, shards=2)
+
+
+def _edit_meta(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "records.json").read_text())
+    (folder / "records.json").write_text(json.dumps({**meta, **changes}))
+
+
+def _cut(path: Path, keep: float) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[:int(len(raw) * keep)])
+
+
+def _flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    for i in range(len(raw) // 10, len(raw) // 10 + 64):  # inside the records (the rest is padding)
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+STREAM_CASES = [  # (how the records are damaged, extra flags, exit status, fragments of the one line)
+    ("count lowered", lambda d: _edit_meta(d, count=50), [], 2,
+     ["records.json says count 50 but the shards hold 100 records", "write them again"]),
+    ("count raised", lambda d: _edit_meta(d, count=500), [], 2, ["says count 500 but the shards hold 100 records"]),
+    ("dtype edited", lambda d: _edit_meta(d, dtype="<f8"), [], 2,
+     ["a record has 264 bytes but records.json's shape [64] and dtype <f8 give 520"]),
+    ("dtype garbage", lambda d: _edit_meta(d, dtype="float99"), [], 2, ["dtype 'float99' is not a numpy dtype"]),
+    ("shard truncated", lambda d: _cut(d / "shard-00001-of-00002.array_record", 0.5), [], 2,
+     ["a shard cannot be read", "damaged or cut short", "write them again"]),
+    ("shard byte-flipped", lambda d: _flip(d / "shard-00000-of-00002.array_record"), ["--verify-records"], 2,
+     ["cannot be read", "write them again"]),
+    ("label out of range, verified", None, ["--verify-records"], 2,
+     ["record 3 has label 12, outside the 10 classes [0, 9]", "write them again"]),
+    ("label out of range, streamed", None, [], 2,
+     ["the labels range over [0, 12] but the model has 10 outputs", "class indices in [0, 9]"]),
+    ("too many workers", lambda d: None, ["--workers", "1000"], 2, ["--workers 1000 is more than 4 per CPU core",
+                                                                   "pass --workers <="]),
+]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=[c[0] for c in STREAM_CASES])
+def test_damaged_stream_records_are_refused_before_training(tmp_path, case):
+    name, damage, flags, status, fragments = case
+    folder = _records(tmp_path, "rec", bad_label=12 if damage is None else None)
+    if damage is not None:
+        damage(folder)
+    got, _, err = run_main(["train", *TINY, "--batch-size", "16", "--stream", str(folder), *flags,
+                            "--out", str(tmp_path / "out")])
+    assert got == status, err
+    line = one_line(err)
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert not (tmp_path / "out").exists()

@@ -27,7 +27,8 @@ _NOT_YET: dict[str, tuple] = {}
 
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
 # a resumed run writes the same file as an uninterrupted one.
-_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers")
+_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers",
+                  "verify_records")
 
 
 def _reject_unsupported(args) -> None:
@@ -52,10 +53,10 @@ def _precision(args):
 def train_command(args) -> dict:
     _reject_unsupported(args)
     _check_flags(args)
-    policy, loss_scale = _precision(args)
     data_parallel = args.devices > 1 or args.parallel is not None
-    if data_parallel:
+    if data_parallel:  # first: simulating CPU devices must come before any array (the fp16 loss scale is one)
         _parallel_flags(args)
+    policy, loss_scale = _precision(args)
     _check_backend()
     run = _Run(args)
     with contextlib.ExitStack() as stack:
@@ -83,15 +84,15 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         (x_tr, y_tr), (x_te, y_te) = text.load_text(args.block_size, stride=args.block_size // 2 or 1)
     else:
         (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
-    records = None if args.stream is None else _records_in(args, x_te.shape[1])  # None: written below
+    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
+    # refused, not grow the model a 256th class.
+    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
+    records = None if args.stream is None else _records_in(args, x_te.shape[1], n_classes)  # None: written below
     n_train = len(x_tr) if records is None else len(records)
     if args.batch_size > n_train:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {n_train} training examples of "
                          f"{args.dataset if records is None else '--stream ' + args.stream}; use --batch-size "
                          f"<= {n_train}")
-    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
-    # refused, not grow the model a 256th class.
-    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
     _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
     model, description = _build_model(args, x_tr.shape[1], n_classes)
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
