@@ -65,6 +65,11 @@ CLI_CASES = [
     (["--stream", "{empty}/s", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
     (["--stream", "{empty}/s", "--model", "gpt"], "--model gpt trains on --dataset text in memory"),
     (["--remat", "full"], "--remat set the GPT; --model mlp has no such setting"),
+    # issue 20: the reliability probe
+    (["--lr", "1e-50"], "argument --lr: expected a learning rate of at least 1e-10, got 1e-50: a step that small"),
+    (["--lr", "-1e-3"], "argument --lr: expected a positive finite number, got -0.001"),
+    (["--workers", "1000", "--stream", "{empty}/s"], "--workers 1000 is more than 4 per CPU core"),
+    (["--verify-records"], "--verify-records checks --stream's records; pass --stream DIR"),
 ]
 RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
 

@@ -734,3 +734,51 @@ def test_damaged_stream_records_are_refused_before_training(tmp_path, case):
     for fragment in fragments:
         assert fragment in line, (fragment, line)
     assert not (tmp_path / "out").exists()
+
+
+def test_probe_cli_cases_are_one_line_naming_the_value(tmp_path):
+    from funcnet.cli import memory
+
+    ckpt = tmp_path / "ckpt"
+    assert run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "a")])[0] == 0
+    meta = checkpoint.read_metadata(ckpt)
+    del meta["config"]["precision"]  # as an older funcnet train wrote it, before --precision existed
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    template = train.create_train_state(nn.MLP([64, 8, 10]), optax.adam(1e-3), jax.random.key(0))
+    state = checkpoint.restore(ckpt, template)
+    checkpoint.save(ckpt, state, step=11, metadata=meta)
+    mnist = _write_mnist(tmp_path / "mnist0", n=0)
+    cases = [
+        (["train", *TINY, "--checkpoint-dir", str(ckpt), "--resume", "--precision", "bf16", "--out",
+          str(tmp_path / "b")], 2, ["--precision unrecorded (an older funcnet train, which had no --precision: its "
+                                    "default fp32) (now bf16)", "pass the same flags"]),
+        (["train", "--quiet", "--dataset", "mnist", "--data-dir", str(mnist), "--out", str(tmp_path / "c")], 2,
+         [f"{mnist}/train-images-idx3-ubyte.gz holds 0 images", "download it again"]),
+    ]
+    for argv, status, fragments in cases:
+        got, _, err = run_main(argv)
+        assert got == status, err
+        for fragment in fragments:
+            assert fragment in one_line(err), (fragment, err)
+    # the same old checkpoint resumes when the flag has the default it had then
+    assert run_main(["train", *TINY, "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
+                     "--out", str(tmp_path / "d")])[0] == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), \
+            pytest.raises(SystemExit) as exited:
+        memory.main(["--params", "-7B"])
+    assert exited.value.code == 2
+    assert "cannot read the parameter count '-7B'" in one_line(err.getvalue())
+
+
+def test_devices_with_fp16_trains_from_the_command_line(tmp_path):
+    # the fp16 loss scale is an array: made before the simulated devices, it started JAX's
+    # backend with one device and the CLI user was told to call simulate_cpu_devices in Python
+    proc = subprocess.run([sys.executable, "-m", "funcnet.cli", "train", *TINY, "--devices", "2", "--precision",
+                           "fp16", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "params.npz").exists()
