@@ -140,3 +140,30 @@ def test_out_of_range_labels_are_refused_by_the_step_and_evaluate():
     with pytest.raises(ValueError, match=r"range over \[-1, 2\]"):
         funcnet.make_step(model, tx, accum_steps=2)(state, (x, np.array([0, 1, -1, 2], np.int32)))
     state, _ = step(state, (x, y % 4))  # in range: trains
+
+
+def test_long_epochs_show_a_step_count(monkeypatch):
+    # issue 19: a GPT epoch sat on "epoch 0/2" for minutes; fit now counts the steps inside it
+    from funcnet import train as train_module
+
+    seen = []
+    real = train_module._EpochProgress.callback
+
+    def spy(self):
+        cb = real(self)
+
+        def on_steps(state, position):
+            cb.on_steps(state, position)
+            seen.append(self._bar.tasks[0].description)
+
+        return cb._replace(on_steps=on_steps)
+
+    monkeypatch.setattr(train_module._EpochProgress, "callback", spy)
+    x, y = np.ones((800, 3), np.float32), np.zeros(800, np.int32)  # 400 steps of 2
+    model = nn.MLP([3, 2])
+    quiet_state, _ = funcnet.fit(model, optax.sgd(0.1), (x, y), epochs=1, batch_size=2, key=jax.random.key(0),
+                                 progress=False)
+    state, _ = funcnet.fit(model, optax.sgd(0.1), (x, y), epochs=1, batch_size=2, key=jax.random.key(0))
+    assert seen[0] == "step 8/400" and seen[-1] == "step 392/400" and len(seen) == 49
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(quiet_state.params)):
+        np.testing.assert_array_equal(a, b)  # counted in stretches: the same batches, the same bits
