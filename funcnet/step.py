@@ -347,7 +347,9 @@ def make_step(
     @functools.wraps(step)
     def compiled(state, batch):
         _check_unshared(state)
-        if isinstance(state, TrainState) and isinstance(batch, (tuple, list)) and len(batch) == 2:
+        # (pmap-ed: x and the state carry a device axis; the per-device step is checked by its caller)
+        if axis_name is None and isinstance(state, TrainState) and isinstance(batch, (tuple, list)) \
+                and len(batch) == 2:
             x, y = batch
             if hasattr(x, "shape") and hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.integer):
                 spec = (tuple(x.shape), str(x.dtype))
