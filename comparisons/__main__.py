@@ -98,6 +98,28 @@ def write_report(results: list[Result], directory: Path, opts: Options) -> Path:
     return path
 
 
+def _unwritable(args) -> str | None:
+    """The first of --json PATH, --report DIR, --html DIR that cannot be written, as a message."""
+    for flag, value, is_file in (("--json", args.json, True), ("--report", args.report, False),
+                                 ("--html", args.html, False)):
+        if value is None:
+            continue
+        path = Path(value)
+        folder = path.parent if is_file else path
+        if is_file and path.is_dir():
+            return f"{flag} {value} is a folder; pass a file path such as {path / 'results.json'}"
+        if not is_file and path.exists() and not path.is_dir():
+            return f"{flag} {value} is a file; pass a folder (created if missing)"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            return f"{flag} {value} cannot be written: {e.strerror}; pass a path in a folder this user can write"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m comparisons", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="comparisons to run (default: all)")
@@ -124,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in names]
     if unknown:
         print(f"unknown comparison(s): {', '.join(unknown)}; expected some of: {', '.join(names)}", file=sys.stderr)
+        return 2
+    problem = _unwritable(args)
+    if problem:  # before any comparison runs, not after twelve minutes of them
+        print(f"python -m comparisons: error: {problem}", file=sys.stderr)
         return 2
     if args.float64 and os.environ.get("JAX_ENABLE_X64", "").lower() not in ("1", "true"):
         # x64 is a process-wide JAX setting fixed at start-up: run in a child that has it.

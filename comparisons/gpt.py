@@ -132,9 +132,9 @@ def torch_optimizer(model, learning_rate, weight_decay, betas, warmup_steps, dec
     optimizer = torch.optim.AdamW([{"params": decay_params, "weight_decay": weight_decay},
                                    {"params": nodecay_params, "weight_decay": 0.0}], lr=learning_rate, betas=betas)
 
-    def lr_lambda(step):  # linear warmup from 0, cosine to min_lr at decay_steps, then flat
+    def lr_lambda(step):  # nanoGPT's get_lr(it) / learning_rate
         if step < warmup_steps:
-            return step / warmup_steps
+            return (step + 1) / (warmup_steps + 1)
         progress = min((step - warmup_steps) / (decay_steps - warmup_steps), 1.0)
         return (min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (learning_rate - min_lr)) / learning_rate
 

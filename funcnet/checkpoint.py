@@ -56,6 +56,7 @@ so unreplicate it first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import operator
@@ -110,8 +111,14 @@ class lock:
     ``CheckpointLockedError`` at once; no waiting. No-op where ``fcntl`` is missing (Windows).
     """
 
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, *, name: str = LOCK_NAME, what: str | None = None,
+                 other: str = "folder", remove: bool = False):
+        # name/what/remove: the same lock for another output (``funcnet train --out`` locks
+        # ``.OUT.lock`` beside its folder, removed on release so no file is left behind)
         self.directory = Path(directory)
+        self.path = self.directory / name
+        self.what = what or f"checkpoint folder {self.directory}"
+        self.other, self.remove = other, remove
         self._fd = None
 
     def acquire(self) -> "lock":
@@ -119,21 +126,30 @@ class lock:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
             return self
-        path = self.directory / LOCK_NAME
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot lock checkpoint folder {self.directory}: {e.strerror} ({path}); "
-                                   f"pass a folder this user can write") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        path = self.path
+        while True:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as e:
+                raise OSError(e.errno, f"cannot lock {self.what}: {e.strerror} ({path}); pass a folder this user "
+                                       f"can write") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise CheckpointLockedError(
+                    f"{self.what} is in use by another run (process {holder} holds {path}); wait for it to "
+                    f"finish, stop it, or use another {self.other}"
+                ) from None
+            try:  # a holder that removes the file on release may have removed this one: lock the new one
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
             os.close(fd)
-            raise CheckpointLockedError(
-                f"checkpoint folder {self.directory} is in use by another run (process {holder} holds "
-                f"{path}); wait for it to finish, stop it, or use another folder") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -141,6 +157,9 @@ class lock:
 
     def release(self) -> None:
         if self._fd is not None:
+            if self.remove:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)  # while still held: the next taker re-checks the inode
             os.close(self._fd)  # closing drops the flock; the file stays for the next holder
             self._fd = None
 
@@ -195,6 +214,8 @@ def _flatten(tree, what: str):
 
 
 def _check_step(step) -> int:
+    if isinstance(step, (bool, np.bool_)):  # True is operator.index-able: it would save step 1
+        raise TypeError(f"save: step must be a non-negative integer, got {step!r} (a bool); pass step=int(state.step)")
     try:
         step = operator.index(step) if not hasattr(step, "item") else operator.index(step.item())
     except (TypeError, ValueError):  # a float, or an array of more than one element
@@ -245,6 +266,10 @@ def save(directory: str | os.PathLike, state: Any, *, step: int, keep: int | Non
         if _is_key(leaf):
             key_impls[name] = _key_impl(leaf)
             leaf = jax.random.key_data(leaf)
+        if not hasattr(leaf, "dtype") and not isinstance(leaf, (int, float, complex, bool)):
+            raise CheckpointError(f"save: leaf {name} is {type(leaf).__name__}, not an array or a number; a "
+                                  f"checkpoint holds arrays: keep other values out of the state (JSON-able ones in "
+                                  f"metadata=)")
         arrays[name] = np.asarray(leaf)  # device -> host copy, taken before any later donation
     payload = serialization.msgpack_serialize(
         {"step": step, "leaves": arrays, "key_impls": key_impls, "metadata": meta_text})
@@ -313,8 +338,13 @@ def _resolve(directory, step) -> Path:
 
 
 def _read(path: Path) -> dict:
-    raw = path.read_bytes()
     fix = f"delete {path.name} to fall back to the previous checkpoint"
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        what = ("a folder" if path.is_dir() else "a link to a missing file" if path.is_symlink() and not path.exists()
+                else "unreadable")
+        raise CheckpointError(f"{path} cannot be read as a checkpoint: it is {what} ({e.strerror}); {fix}") from None
     if len(raw) < _HEADER.size or not raw.startswith(_MAGIC):
         if raw[:len(_MAGIC)] == _MAGIC[:len(raw)]:
             raise CheckpointError(f"{path} is truncated: {len(raw)} bytes, shorter than its "
@@ -334,7 +364,8 @@ def _read(path: Path) -> dict:
         content = serialization.msgpack_restore(body)
         content["metadata"] = json.loads(content["metadata"])
     except Exception as e:  # checksum matched, so this is a writer bug or a foreign file
-        raise CheckpointError(f"{path} passed its checksum but could not be decoded ({type(e).__name__}: {e})") from e
+        raise CheckpointError(f"{path} passed its checksum but its payload is not a funcnet checkpoint's (msgpack: "
+                              f"{type(e).__name__}); it was written by another program or version: {fix}") from e
     named = _NAME.match(path.name)
     if named and int(named.group(1)) != content["step"]:
         raise CheckpointError(f"{path} holds step {content['step']} but its name says step {int(named.group(1))} "

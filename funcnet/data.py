@@ -201,6 +201,10 @@ def _mnist(data_dir: Path):
         if len(images) != len(labels):
             raise ValueError(f"{paths[split + '_images']} holds {len(images)} images but "
                              f"{paths[split + '_labels']} holds {len(labels)} labels; use files of the same split")
+        if len(images) == 0:
+            raise ValueError(f"{paths[split + '_images']} holds 0 images (its header says {images.shape}); MNIST's "
+                             f"{split} split has {60000 if split == 'train' else 10000}, so the file is empty or cut: "
+                             f"download it again")
         if len(labels) and labels.max() > 9:
             i = int(np.argmax(labels > 9))
             raise ValueError(f"{paths[split + '_labels']} holds label {int(labels[i])} at index {i}; MNIST labels "

@@ -15,7 +15,14 @@ from funcnet import data as _data
 from funcnet import guards as _guards
 from funcnet import losses as _losses
 from funcnet.nn.module import Module, call
-from funcnet.step import Position, TrainState, default_metrics, is_classification
+from funcnet.step import (
+    Position,
+    TrainState,
+    _check_label_range,
+    _check_unshared,
+    default_metrics,
+    is_classification,
+)
 
 __all__ = ["run_epoch", "evaluate"]
 
@@ -164,6 +171,7 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
     in a single step (jax-ml/jax#12868), so the scan would lose to the loop it replaces.
     """
     _guards.check_step_fn(step)
+    _check_unshared(state)
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")
     batch_size = _data.check_batch_size(batch_size, len(x))
@@ -180,8 +188,8 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
 
 
 @functools.partial(jax.jit, static_argnames=("model", "loss_fn", "metrics"))
-def _eval_batch(model, loss_fn, metrics, params, model_state, x, y):
-    outputs, _ = call(model, params, model_state, x, train=False)
+def _eval_batch(model, loss_fn, metrics, params, model_state, x, y, key=None):
+    outputs, _ = call(model, params, model_state, x, key=key, train=False)
     sums = {"loss": loss_fn(outputs, y, reduction="sum")}
     if metrics is default_metrics and is_classification(outputs, y):
         sums["accuracy"] = jnp.sum(jnp.argmax(outputs, -1) == y)
@@ -189,9 +197,10 @@ def _eval_batch(model, loss_fn, metrics, params, model_state, x, y):
 
 
 def evaluate(model: Module, params, x, y, *, state: Any = None, batch_size: int | None = None,
-             loss_fn=_losses.cross_entropy, metrics=default_metrics) -> dict[str, float]:
+             loss_fn=_losses.cross_entropy, metrics=default_metrics, key: Any = None) -> dict[str, float]:
     """Mean loss (and accuracy, for class-index targets) in eval mode (``train=False``), as
     Python floats. ``state``: the model's state (running statistics are used, never updated).
+    ``key``: for a model that samples in eval too (a VAE's reparameterisation), split per batch.
 
     The loss is ``loss_fn(..., reduction="sum")`` over all batches divided by the number of
     target elements (funcnet's losses take ``reduction``).
@@ -203,11 +212,15 @@ def evaluate(model: Module, params, x, y, *, state: Any = None, batch_size: int 
                          f"statistics), which eval mode uses: pass state=train_state.model_state")
     n = len(x)
     batch_size = n if batch_size is None else _data.check_batch_size(batch_size, n)
+    if metrics is default_metrics:
+        _check_label_range(model, params, state, {"test": (x, y)}, "evaluate")
     totals: dict = {}
     elements = 0
     for start in range(0, n, batch_size):
         yb = jnp.asarray(y[start:start + batch_size])
-        sums = _eval_batch(model, loss_fn, metrics, params, state, jnp.asarray(x[start:start + batch_size]), yb)
+        batch_key = None if key is None else jax.random.fold_in(key, start)
+        sums = _eval_batch(model, loss_fn, metrics, params, state, jnp.asarray(x[start:start + batch_size]), yb,
+                           batch_key)
         totals = {k: totals.get(k, 0.0) + v for k, v in sums.items()}
         elements += int(np.prod(yb.shape))
     return {k: float(v) / elements for k, v in totals.items()}

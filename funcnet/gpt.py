@@ -218,7 +218,7 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
 
     def run_blocks(self, x):
         # the loop's keys, drawn in its order, so dropout is the same with and without remat
-        keys = [self.next_key() for _ in range(config.n_layer)]
+        keys = [self.key_or_none() for _ in range(config.n_layer)]
         keys = None if keys[0] is None else jnp.stack(keys)
         return scan_blocks(config, stack_blocks(self.transformer.h.params), x, remat=policy, keys=keys,
                            train=self.training, dtype=dtype)
@@ -380,8 +380,26 @@ def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, tempera
     if not greedy and not float(temperature) > 0.0:
         raise ValueError(f"generate: temperature must be > 0, got {temperature!r}; for argmax decoding pass "
                          f"greedy=True")
+    from funcnet.step import _check_key
+
+    if key is None and greedy:
+        key = jax.random.key(0)  # argmax draws nothing
+    _check_key(key, "generate")
+    try:
+        n_pos, vocab = (int(params["transformer"][k]["weight"].shape[0]) for k in ("wpe", "wte"))
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError("generate: params must be a GPT's (model.init(key) of gpt.GPT), with "
+                         "transformer.wpe.weight and transformer.wte.weight") from None
     if block_size is None:
-        block_size = int(params["transformer"]["wpe"]["weight"].shape[0])
+        block_size = n_pos
+    elif isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= n_pos:
+        raise ValueError(f"generate: block_size must be an int in [1, {n_pos}] (the model's {n_pos} positions), "
+                         f"got {block_size!r}; leave it out to use all {n_pos}")
+    if not isinstance(idx, jax.core.Tracer) and idx.size:
+        low, high = int(jnp.min(idx)), int(jnp.max(idx))
+        if low < 0 or high >= vocab:
+            raise ValueError(f"generate: idx holds token ids in [{low}, {high}], outside the vocabulary of {vocab} "
+                             f"(ids 0..{vocab - 1}); encode the prompt with the model's own vocabulary")
     return _generate(model, params, idx, key, jnp.asarray(temperature, jnp.float32),
                      max_new_tokens=max_new_tokens, block_size=block_size, top_k=top_k, greedy=bool(greedy))
 

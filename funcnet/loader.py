@@ -28,12 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
-__all__ = ["write_records", "Records", "CropFlip", "Loader", "fit_stream"]
+from funcnet.record_checks import check_meta
+
+__all__ = ["CropFlip", "Loader", "Records", "fit_stream", "write_records"]
 
 _META = "records.json"
 
@@ -86,7 +89,7 @@ def write_records(directory: str | os.PathLike, x, y, *, shards: int = 4) -> Pat
             digest.update(record)
             writer.write(record)
         writer.close()
-    meta = {"count": int(len(x)), "shape": list(x.shape[1:]), "dtype": x.dtype.str, "shards": names,
+    meta = {"count": len(x), "shape": list(x.shape[1:]), "dtype": x.dtype.str, "shards": names,
             "sha256": digest.hexdigest()}
     (directory / _META).write_text(json.dumps(meta))
     return directory
@@ -107,7 +110,8 @@ class Records:
             raise FileNotFoundError(f"{meta_path} not found: {self.directory} holds no records; write them with "
                                     f"funcnet.loader.write_records(directory, x, y)")
         meta = json.loads(meta_path.read_text())
-        self.count, self.shape, self.dtype = meta["count"], tuple(meta["shape"]), np.dtype(meta["dtype"])
+        self.count, self.shape, self.dtype = check_meta(meta, meta_path)
+        self.sha256 = meta.get("sha256")
         self.paths = [str(self.directory / name) for name in meta["shards"]]
         missing = [p for p in self.paths if not os.path.isfile(p)]
         if missing:
@@ -117,6 +121,19 @@ class Records:
 
     def __len__(self) -> int:
         return self.count
+
+    @property
+    def record_bytes(self) -> int:
+        """The size of every record: an int64 label, then the example's bytes."""
+        return 8 + int(np.prod(self.shape)) * self.dtype.itemsize
+
+    def check(self, *, sha256: bool = False, n_classes: int | None = None) -> None:
+        """Integrity before training (``funcnet.record_checks.check_records``): the shards open and
+        hold ``count`` records of the size ``shape`` and ``dtype`` give; with ``sha256`` every
+        record is read: sizes, labels in ``[0, n_classes)`` and the SHA-256 written with them."""
+        from funcnet.record_checks import check_records
+
+        check_records(self, sha256=sha256, n_classes=n_classes)
 
     def _open(self):
         if self._source is None:
@@ -243,7 +260,7 @@ class Loader:
         if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or not 0 <= start <= stop:
             raise ValueError(f"Loader.batches: need 0 <= start <= stop, got start={start!r}, stop={stop!r}")
         if start == stop:
-            return _Closing(iter(()))
+            return _Closing(iter(()), self.records.directory)
         import jax
 
         grain = _grain()
@@ -255,7 +272,7 @@ class Loader:
                                 worker_init_fn=_ignore_sigint)
         it = grain.experimental.device_put(it, jax.devices()[0], cpu_buffer_size=self.prefetch,
                                            device_buffer_size=self.prefetch)
-        return _Closing(iter(it))
+        return _Closing(iter(it), self.records.directory)
 
     def __repr__(self) -> str:
         return (f"Loader({str(self.records.directory)!r}, batch_size={self.batch_size}, seed={self.seed}, "
@@ -274,8 +291,8 @@ def _ignore_sigint(worker_index: int, worker_count: int) -> None:
 class _Closing:
     # Stops the worker processes when the iteration ends early (an exception, a kill signal
     # handler unwinding) instead of leaving them to the garbage collector.
-    def __init__(self, it):
-        self.it = it
+    def __init__(self, it, directory=None):
+        self.it, self.directory = it, directory
 
     def __iter__(self):
         return self
@@ -283,6 +300,15 @@ class _Closing:
     def __next__(self):
         try:
             return next(self.it)
+        except StopIteration:
+            self.close()
+            raise
+        except Exception as e:  # riegeli's RuntimeError for a damaged record, from this process or a worker
+            self.close()
+            detail = " ".join(str(e).split())[:160]
+            raise ValueError(f"reading the records in {self.directory} failed ({type(e).__name__}: {detail}); a shard "
+                             f"is damaged or changed while training: write the records again "
+                             f"(funcnet.loader.write_records)") from None
         except BaseException:
             self.close()
             raise
@@ -367,8 +393,7 @@ def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, s
     if state is None:
         state = _train.create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
     if test_data is not None:  # the test labels against the model's outputs; label 0 of the first pair fits any
-        _train._check_label_range(model, state.params, state.model_state,
-                                  (x_te[:1], np.zeros_like(np.asarray(y_te[:1]))), (x_te, y_te))
+        _train._check_label_range(model, state.params, state.model_state, {"test": (x_te, y_te)}, "fit_stream")
     per_epoch, done = loader.steps_per_epoch, int(state.step)
     if done > epochs * per_epoch:
         raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")

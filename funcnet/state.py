@@ -143,26 +143,60 @@ def _as_array(value, key: str = "?"):
     return np.asarray(value)
 
 
-def _convert(key: str, value: np.ndarray, leaf, mismatched: list):
-    """``value`` in the template leaf's dtype, or None with the reason added to ``mismatched``."""
+def _convert(key: str, value: np.ndarray, leaf, mismatched: list, cast: bool = False):
+    """``value`` in the template leaf's dtype, or None with the reason added to ``mismatched``.
+
+    The cast rule: a cast that loses information is refused unless ``cast=True``: a float to a
+    float of fewer bits (float64 -> float32, float32 -> float16/bfloat16), decided by the dtypes
+    (a float64 port whose values happen to fit float32 is still a float64 port), and any other
+    cast whose values do not come back unchanged (int64 -> int32 beyond its range, 2.5 -> int).
+    A finite value that would become inf is refused even with ``cast=True``."""
     dtype = jnp.result_type(leaf)
+    name = np.dtype(dtype).name
     if np.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
-        mismatched.append(f"{key}: holds {value.dtype} values but the model's parameter is {np.dtype(dtype).name} "
+        mismatched.append(f"{key}: holds {value.dtype} values but the model's parameter is {name} "
                           f"(the imaginary part would be dropped); pass tensor.real if that is intended")
         return None
     # A copy: on CPU jnp.asarray may alias a numpy buffer, and a torch tensor's numpy view
     # shares torch's storage, which torch mutates in place (BatchNorm's running statistics).
-    return jnp.array(value, dtype=dtype, copy=True)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = jnp.array(value, dtype=dtype, copy=True)
+        floats = jnp.issubdtype(dtype, jnp.floating) and np.issubdtype(value.dtype, np.floating)
+        if floats and value.size:
+            overflow = np.isfinite(value) & ~np.isfinite(np.asarray(out, np.float64))
+            if overflow.any():
+                worst = float(np.max(np.abs(value[overflow])))
+                mismatched.append(f"{key}: holds {worst:.6g}, beyond {name}'s largest value "
+                                  f"{float(jnp.finfo(dtype).max):.6g} (it would become inf); keep this parameter in "
+                                  f"a wider dtype (float32) or rescale the weights")
+                return None
+        if cast:
+            return out
+        if floats:
+            lossy = jnp.finfo(dtype).bits < np.finfo(value.dtype).bits
+        elif value.dtype == np.bool_ or value.size == 0:
+            lossy = False
+        else:
+            lossy = not np.array_equal(np.asarray(out).astype(value.dtype), value)
+    if lossy:
+        mismatched.append(f"{key}: holds {value.dtype} values but the model's parameter is {name}, a lossy cast; "
+                          f"build the model in {value.dtype} (for float64: JAX_ENABLE_X64=1 and dtype=jnp.float64) "
+                          f"or pass cast=True to round into {name}")
+        return None
+    return out
 
 
-def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, state: Any = None) -> Any:
+def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, state: Any = None,
+                    cast: bool = False) -> Any:
     """A copy of ``params`` with every leaf replaced by ``sd[dotted_key]``; with ``state=``
     (the model's state, e.g. ``model.init_state()``) the buffers are loaded too and
     ``(params, state)`` is returned.
 
     ``params`` (and ``state``) are the template: they fix the structure, the shapes and
     the dtypes (values are cast to the template's dtype, as torch's ``load_state_dict``
-    copies into existing tensors). ``sd`` may hold jax or numpy arrays or CPU torch
+    copies into existing tensors, but a lossy cast, such as float64 into float32 or int64
+    values beyond int32, is refused naming the key and both dtypes unless ``cast=True``; a
+    finite value that would become inf is always refused). ``sd`` may hold jax or numpy arrays or CPU torch
     tensors. With ``strict=True`` any missing or unexpected key is an error; a shape
     mismatch is always an error (as in torch). All problems are reported together in one
     ``StateDictError``. A tied parameter's second key must hold the same values as its first.
@@ -186,11 +220,11 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
             if ties[k] in sd and not np.array_equal(value, _as_array(sd[ties[k]], ties[k])):
                 mismatched.append(f"{k}: is tied to {ties[k]} in this model but holds different values")
             elif ties[k] not in sd:
-                converted = _convert(k, value, leaf, mismatched)
+                converted = _convert(k, value, leaf, mismatched, cast)
                 if converted is not None:
                     values[ties[k]] = converted
             continue
-        converted = _convert(k, value, leaf, mismatched)
+        converted = _convert(k, value, leaf, mismatched, cast)
         if converted is not None:
             values[k] = converted
 

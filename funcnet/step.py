@@ -12,10 +12,12 @@ whose state travels in ``TrainState`` next to the params.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from funcnet import guards as _guards
@@ -55,15 +57,53 @@ def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax
     ``policy``: the params are stored in its ``param_dtype`` (the master copy); the model's
     state keeps its own dtypes (running statistics stay float32, as in torch autocast).
     """
+    if not isinstance(model, Module):
+        hint = (" (a list of layers: wrap it, nn.Sequential(*layers))" if isinstance(model, (list, tuple)) else
+                " (build it with funcnet.nn, e.g. nn.MLP([64, 128, 10]))")
+        raise TypeError(f"create_train_state: model must be a funcnet.nn.Module, got {type(model).__name__}{hint}")
     _check_key(key, "create_train_state")
     init_key, key = jax.random.split(key)
     if params is None:
         params = model.init(init_key)
+    else:  # the step donates the state's buffers: the caller's arrays must survive it
+        params = _own_copy(params)
     if policy is not None:
         params = _precision.get_policy(policy).cast_to_param(params)
-    if model_state is None:
-        model_state = initial_state(model)
-    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale, model_state)
+    model_state = initial_state(model) if model_state is None else _own_copy(model_state)
+    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale, _unshared(model_state))
+
+
+def _own_copy(tree):
+    """A copy of every array of ``tree`` (numpy arrays become device arrays), so that donating
+    the train state never deletes an array the caller still holds."""
+    return jax.tree.map(lambda a: jnp.array(a, copy=True) if hasattr(a, "shape") else a, tree)
+
+
+def _unshared(tree):
+    """``tree`` with every array that appears twice (an LSTM's hidden ``(z, z)``) copied, since
+    one buffer cannot be donated twice."""
+    seen: set = set()
+
+    def once(a):
+        if isinstance(a, jax.Array) and id(a) in seen:
+            return jnp.array(a, copy=True)
+        seen.add(id(a))
+        return a
+
+    return jax.tree.map(once, tree)
+
+
+def _check_unshared(state) -> None:
+    """Name the leaves that are one array twice: XLA's "donate the same buffer twice" names none."""
+    where: dict = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            where.setdefault(id(leaf), []).append("state" + jax.tree_util.keystr(path))
+    twice = [paths for paths in where.values() if len(paths) > 1]
+    if twice:
+        raise ValueError(f"step: the train state holds one array twice, at {' and '.join(twice[0])}; the step donates "
+                         f"(reuses) every buffer of the state, and one buffer cannot be donated twice: give each "
+                         f"its own array (jnp.copy), or build the state with create_train_state, which does")
 
 
 class Position(NamedTuple):
@@ -84,17 +124,64 @@ def _check_key(key, where: str) -> None:
                         f"pass key=jax.random.key(seed)")
 
 
-def _check_batch(x, y, accum_steps: int) -> None:
-    if jnp.ndim(x) < 1 or jnp.ndim(y) < 1 or jnp.shape(x)[0] != jnp.shape(y)[0]:
+def _check_label_range(model, params, model_state, named: dict, where: str = "fit") -> None:
+    """Refuse class-index labels outside the model's outputs, on the host: inside jit an
+    out-of-range label is no error (the loss reads a clipped logit or NaN, accuracy 0)."""
+    named = {k: v for k, v in named.items() if v is not None and len(v[1])}
+    if not named:
+        return
+    x0 = next(iter(named.values()))[0]
+    # the whole of x0 traced on shapes only (no compute): a layer's input error names the user's
+    # full input shape ((1437, 64), not a slice of it), raised here without JAX's internal frames
+    spec = jax.ShapeDtypeStruct(tuple(np.shape(x0)), jnp.asarray(x0[:1]).dtype)
+    try:
+        out = jax.eval_shape(lambda p, s, x: call(model, p, s, x, key=jax.random.key(0))[0], params, model_state,
+                             spec)
+    except (ValueError, TypeError) as error:
+        if type(error) not in (ValueError, TypeError):
+            raise
+        raise type(error)(str(error)) from None
+    for name, (x, y) in named.items():
+        probe = y if x is x0 else jax.ShapeDtypeStruct(np.shape(x0)[:1] + np.shape(y)[1:], np.asarray(y[:1]).dtype)
+        _check_labels(out, y, f"{where}: {name} labels", probe)
+
+
+def _check_labels(out, y, what: str, probe=None) -> None:
+    """``probe``: labels shaped as ``out``'s batch (default ``y``)."""
+    if isinstance(y, jax.core.Tracer) or not is_classification(out, y if probe is None else probe):
+        return
+    n_classes = out.shape[-1]
+    low, high = int(np.min(y)), int(np.max(y))
+    if low < 0 or high >= n_classes:
+        raise ValueError(f"{what} range over [{low}, {high}] but the model has {n_classes} outputs; labels must be "
+                         f"class indices in [0, {n_classes - 1}] (or widen the last layer)")
+
+
+def _label_axis(y, axis: int) -> int:
+    """The labels' batch axis: the inputs' one, or 0 for labels of fewer axes ((N,) for (S, N, E))."""
+    return axis if jnp.ndim(y) > axis else 0
+
+
+def _check_batch(x, y, accum_steps: int, axis: int) -> None:
+    yax = _label_axis(y, axis)
+    if jnp.ndim(x) <= axis or jnp.ndim(y) < 1 or jnp.shape(x)[axis] != jnp.shape(y)[yax]:
+        layout = "x: (batch, features), y: (batch,)" if axis == 0 else f"x with the batch on axis {axis}"
         raise ValueError(
             f"batch inputs of shape {jnp.shape(x)} and labels of shape {jnp.shape(y)} must share the "
-            f"leading batch axis; pass batch=(x, y) with x: (batch, features), y: (batch,)"
+            f"{'leading batch axis' if axis == 0 else f'batch axis (axis {axis} of x, {yax} of y)'}; pass "
+            f"batch=(x, y) with {layout}"
         )
-    if jnp.shape(x)[0] % accum_steps:
+    if jnp.shape(x)[axis] % accum_steps:
         raise ValueError(
-            f"a batch of {jnp.shape(x)[0]} examples does not split into accum_steps={accum_steps} "
+            f"a batch of {jnp.shape(x)[axis]} examples (axis {axis}) does not split into accum_steps={accum_steps} "
             f"equal micro-batches; use a batch size divisible by {accum_steps}"
         )
+
+
+def _split(a, k: int, axis: int):
+    """``a`` cut into ``k`` contiguous micro-batches along ``axis``, stacked on a new axis 0."""
+    shape = a.shape
+    return jnp.moveaxis(a.reshape(shape[:axis] + (k, shape[axis] // k) + shape[axis + 1:]), axis, 0)
 
 
 def default_metrics(outputs: jax.Array, targets: jax.Array) -> dict:
@@ -123,6 +210,7 @@ def make_step(
     policy: Any = None,
     metrics: Callable[[jax.Array, jax.Array], dict] = default_metrics,
     buffers: str = "broadcast",
+    batch_axis: int | None = None,
 ):
     """A compiled, pure training step ``step(state, (x, y)) -> (state, metrics)``.
 
@@ -136,7 +224,10 @@ def make_step(
     - ``accum_steps=k`` splits the batch into k micro-batches, sums their gradients in
       a ``lax.scan`` and applies one update with the mean: torch's "call backward k
       times, then step" without a mutable ``.grad``. The model's state advances once per
-      micro-batch, as k torch forward passes would advance it.
+      micro-batch, as k torch forward passes would advance it. The batch is cut along
+      ``batch_axis`` (default: ``model.batch_axis``, 1 for torch's sequence-first layers such as
+      ``nn.TransformerEncoder`` without ``batch_first``); a model whose batch axis is not
+      known (None) is refused, never cut along the wrong axis.
     - ``axis_name``: gradients and metrics are averaged with ``lax.pmean`` over that
       named axis (DDP's all-reduce); the returned step is ``jax.pmap``-ed over it. The
       model's state: ``buffers="broadcast"`` keeps device 0's (torch DDP's default
@@ -164,6 +255,18 @@ def make_step(
         raise TypeError(f"make_step: model must be a funcnet.nn.Module, got {type(model).__name__}; "
                         f"build it with funcnet.nn (e.g. nn.MLP([64, 128, 10]))")
     _guards.check_tx(tx, "make_step")
+    if batch_axis is None:
+        batch_axis = model.batch_axis
+        if batch_axis is None and accum_steps > 1:
+            raise ValueError(
+                f"make_step: accum_steps={accum_steps} cuts the batch into micro-batches, but the batch axis of "
+                f"{model.name[:120]} is not known (it holds sequence-first layers, whose batch is axis 1, under a "
+                f"forward that may transpose); pass make_step(..., batch_axis=0 or 1) for the axis of your "
+                f"inputs, or build the layers with batch_first=True")
+    elif isinstance(batch_axis, bool) or not isinstance(batch_axis, int) or batch_axis < 0:
+        raise ValueError(f"make_step: batch_axis must be a non-negative int (the inputs' batch axis), got "
+                         f"{batch_axis!r}")
+    axis = batch_axis or 0
     policy = None if policy is None else _precision.get_policy(policy)
 
     def loss_and_outputs(params, model_state, x, y, key, loss_scale):
@@ -180,7 +283,7 @@ def make_step(
     def step(state: TrainState, batch):
         _check_step_args(state, batch)
         x, y = batch
-        _check_batch(x, y, accum_steps)
+        _check_batch(x, y, accum_steps, axis)
         key, dropout_key = jax.random.split(state.key)
         grad_params = state.params
         model_state = state.model_state
@@ -196,8 +299,8 @@ def make_step(
                                                                state.loss_scale)
             values = {"loss": loss, **metrics(outputs, y)}
         else:
-            micro_x = x.reshape((accum_steps, -1) + x.shape[1:])
-            micro_y = y.reshape((accum_steps, -1) + y.shape[1:])
+            micro_x = _split(x, accum_steps, axis)
+            micro_y = _split(y, accum_steps, _label_axis(y, axis))
             keys = jax.random.split(dropout_key, accum_steps)
 
             def micro(carry, inputs):
@@ -241,10 +344,35 @@ def make_step(
 
     donate_argnums = (0,) if donate else ()
     if axis_name is not None:
-        compiled = jax.pmap(step, axis_name=axis_name, donate_argnums=donate_argnums)
+        jitted = jax.pmap(step, axis_name=axis_name, donate_argnums=donate_argnums)
     else:
-        compiled = jax.jit(step, donate_argnums=donate_argnums)
-    compiled.raw = step
+        jitted = jax.jit(step, donate_argnums=donate_argnums)
+    if not donate:
+        jitted.raw = step
+        return jitted
+
+    outputs_of: dict = {}  # (x's shape and dtype) -> the model's output shape, for the label check
+
+    @functools.wraps(step)
+    def compiled(state, batch):
+        _check_unshared(state)
+        # (pmap-ed: x and the state carry a device axis; the per-device step is checked by its caller)
+        if axis_name is None and isinstance(state, TrainState) and isinstance(batch, (tuple, list)) \
+                and len(batch) == 2:
+            x, y = batch
+            if hasattr(x, "shape") and hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.integer):
+                spec = (tuple(x.shape), str(x.dtype))
+                if spec not in outputs_of:
+                    outputs_of[spec] = jax.eval_shape(
+                        lambda p, s, xb: call(model, p, s, _split(xb, accum_steps, axis)[0] if accum_steps > 1
+                                              else xb, key=jax.random.key(0))[0], state.params, state.model_state, x)
+                out = outputs_of[spec]
+                if accum_steps > 1:  # the check wants the whole batch's output shape
+                    out = jax.ShapeDtypeStruct(jnp.shape(y) + out.shape[jnp.ndim(y):], out.dtype)
+                _check_labels(out, y, "step: the labels")
+        return jitted(state, batch)
+
+    compiled.raw, compiled.lower, compiled.jitted = step, jitted.lower, jitted
     return compiled
 
 

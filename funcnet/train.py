@@ -27,42 +27,17 @@ from funcnet import losses as _losses
 from funcnet import precision as _precision
 from funcnet import strategy as _strategy
 from funcnet.epoch import evaluate, run_epoch
-from funcnet.nn.module import Module, call
-from funcnet.step import Position, TrainState, create_train_state, default_metrics, is_classification, make_step
+from funcnet.nn.module import Module
+from funcnet.step import (
+    Position,
+    TrainState,
+    _check_label_range,
+    create_train_state,
+    default_metrics,
+    make_step,
+)
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
-
-
-def output_shape(model: Module, params, model_state, x):
-    """The model's output for the whole of ``x``, traced on shapes only (no compute).
-
-    Run before any step compiles, so a layer's input error names the user's full input shape
-    (``(1437, 64)``, not a slice of it) and is raised here, outside JAX's tracing, without its
-    internal frames or a chained JAX traceback."""
-    spec = jax.ShapeDtypeStruct(tuple(np.shape(x)), jnp.asarray(x[:1]).dtype)
-    try:
-        return jax.eval_shape(lambda p, s, v: call(model, p, s, v)[0], params, model_state, spec)
-    except (ValueError, TypeError) as error:
-        if type(error) not in (ValueError, TypeError):
-            raise
-        raise type(error)(str(error)) from None
-
-
-def _check_label_range(model, params, model_state, *datasets) -> None:
-    # Inside jit an out-of-range label is not an error: optax's cross entropy would silently
-    # read a clipped logit. Check once, on the host, against the model's output size.
-    out = output_shape(model, params, model_state, datasets[0][0])
-    labels = datasets[0][1]
-    if not is_classification(out, jax.ShapeDtypeStruct(tuple(np.shape(labels)), np.asarray(labels[:1]).dtype)):
-        return
-    n_classes = out.shape[-1]
-    for name, ds in zip(("train", "test"), datasets):
-        if ds is None or not len(ds[1]):
-            continue
-        low, high = int(np.min(ds[1])), int(np.max(ds[1]))
-        if low < 0 or high >= n_classes:
-            raise ValueError(f"{name} labels range over [{low}, {high}] but the model has {n_classes} outputs; "
-                             f"labels must be class indices in [0, {n_classes - 1}] (or widen the last layer)")
 
 
 def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Module, test_data=None, *,
@@ -79,23 +54,49 @@ def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Mod
         record.update(skipped_steps=int(np.sum(~np.asarray(epoch_metrics["grads_finite"]))),
                       loss_scale=float(state.loss_scale.loss_scale))
     if test_data is not None:
-        scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn, metrics=metrics)
+        scores = evaluate(model, state.params, *test_data, state=state.model_state, loss_fn=loss_fn, metrics=metrics,
+                          key=_eval_key(state.key))
         record.update({f"test_{k}": v for k, v in scores.items()})
     if check_finite:
         _guards.check_finite_record(record, state.params)
     return record
 
 
+def _eval_key(key):
+    """A key for a model that samples in eval too (a VAE), derived from the run's key without
+    consuming it (training draws the same keys with or without a test set); None for a
+    per-device stack of keys."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if (typed and jnp.ndim(key) != 0) or (not typed and jnp.shape(key) != (2,)):
+        return None
+    return jax.random.fold_in(jax.random.clone(key) if typed else key, 0x7E57)
+
+
+_STEP_BAR = 200  # an epoch of at least this many steps gets a step count inside the epoch bar
+
+
 class _EpochProgress:
     """``fit``'s progress bar, one tick per epoch, described by the last record's loss and test
-    accuracy: ``with _EpochProgress(show, epochs, done) as bar: ... bar.advance(record)``."""
+    accuracy: ``with _EpochProgress(show, epochs, done) as bar: ... bar.advance(record)``.
+    With ``steps`` (an epoch's steps, at least ``_STEP_BAR``) it also counts the steps of the
+    current epoch: ``callback()`` is a ``Callback`` updating it about 50 times an epoch (the
+    epoch then runs in stretches, the same batches and keys, the same bits)."""
 
-    def __init__(self, show: bool, epochs: int, done: int):
+    def __init__(self, show: bool, epochs: int, done: int, steps: int = 0):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        self.steps = steps if show and steps >= _STEP_BAR else 0
         self._bar = Progress(TextColumn("epoch"), MofNCompleteColumn(), BarColumn(), TextColumn("{task.description}"),
                              TimeElapsedColumn(), disable=not show, transient=False)
-        self._task = self._bar.add_task("", total=epochs, completed=done)
+        self._task = self._bar.add_task(f"step 0/{self.steps}" if self.steps else "", total=epochs, completed=done)
+        self._last = ""
+
+    def callback(self):
+        def on_steps(state, position):
+            done = len(next(iter(position.metrics.values()))) if position.metrics else 0
+            self._bar.update(self._task, description=f"step {done}/{self.steps}{self._last}")
+
+        return _callbacks.Callback(on_steps=on_steps, every_steps=max(1, self.steps // 50))
 
     def __enter__(self):
         self._bar.__enter__()
@@ -108,6 +109,9 @@ class _EpochProgress:
         desc = f"loss {record['train_loss']:.4f}"
         if "test_accuracy" in record:
             desc += f"  test acc {record['test_accuracy']:.4f}"
+        if self.steps:
+            self._last = f"  {desc}"
+            desc = f"step 0/{self.steps}{self._last}"
         self._bar.update(self._task, advance=1, description=desc)
 
 
@@ -188,7 +192,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     precision, strategy, callbacks = _grouped(deprecated, precision, strategy, callbacks)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
-    on_epoch, every_steps, on_steps = _callbacks.combine(_callbacks.check(callbacks))
+    callbacks = _callbacks.check(callbacks)
     policy, loss_scale = _precision.resolve_precision(precision)
     strategy = _strategy.resolve(strategy, devices)
     if check_finite:
@@ -210,10 +214,14 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
                            accum_steps=accum_steps, policy=policy, metrics=metrics)
     if state is None:
         state = fresh_state()
-    _check_label_range(model, state.params, state.model_state, train_data, test_data)
+    _check_label_range(model, state.params, state.model_state, {"train": train_data, "test": test_data})
     state = run.put(state)
     history = []
-    with _EpochProgress(progress, epochs, start.epoch) as bar:
+    bar = _EpochProgress(progress, epochs, start.epoch, len(x_tr) // batch_size)
+    if bar.steps:
+        callbacks = (*callbacks, bar.callback())
+    on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
+    with bar:
         for epoch in range(start.epoch, epochs):
             state, epoch_metrics = run.epoch(state, start, batch_size, every_steps, on_steps)
             start = Position(epoch + 1)

@@ -65,6 +65,12 @@ CLI_CASES = [
     (["--stream", "{empty}/s", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
     (["--stream", "{empty}/s", "--model", "gpt"], "--model gpt trains on --dataset text in memory"),
     (["--remat", "full"], "--remat set the GPT; --model mlp has no such setting"),
+    # issue 20: the reliability probe
+    (["--lr", "1e-50"], "argument --lr: expected a learning rate of at least 1e-10, got 1e-50: a step that small"),
+    (["--lr", "-1e-3"], "argument --lr: expected a positive finite number, got -0.001"),
+    (["--workers", "1000", "--stream", "{empty}/s"], "--workers 1000 is more than 4 per CPU core"),
+    (["--verify-records"], "--verify-records checks --stream's records; pass --stream DIR"),
+    (["--out", "{empty}/../busy"], "is in use by another run (process "),
 ]
 RUN = ["--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # the run that {ckpt} holds
 
@@ -103,6 +109,9 @@ def make_context(root: Path) -> dict:
     ctx["foreign"].mkdir()
     (ctx["foreign"] / "notes.txt").write_text("the user's own file\n")
     _LOCKS.append(checkpoint.lock(ctx["locked"]).acquire())  # as a live run would hold it
+    from funcnet.cli.outputs import _Outputs
+
+    _LOCKS.append(_Outputs(root / "busy").lock().acquire())  # an --out a live run is writing
     import jax
     import optax
 
@@ -337,7 +346,10 @@ def write_errors_md(path: Path) -> None:
         "3 the loss became NaN/Inf (the run stops before checkpointing it), 130 interrupted (SIGINT),",
         "143 terminated (SIGTERM; with --checkpoint-dir a checkpoint is saved first). `<locked>` is a",
         "checkpoint folder whose lock a live run holds; `<libckpt>` holds a checkpoint written by",
-        "`funcnet.checkpoint.save` (no run flags in it); `<foreign>` holds a file of the user's.",
+        "`funcnet.checkpoint.save` (no run flags in it); `<foreign>` holds a file of the user's;",
+        "`busy` is an `--out` a live run is writing. `--out` defaults to `runs/train-MODEL`",
+        "(`runs/train-mlp`, `runs/train-cnn`, `runs/train-gpt`), so a run of one model never replaces",
+        "another model's outputs, and a second run on the same `--out` exits 2 at once.",
         "",
         "| command | exit | stderr |",
         "|---|---|---|",

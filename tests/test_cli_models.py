@@ -77,6 +77,7 @@ def test_gpt_trains_on_the_bundled_text_with_checkpoints_in_bf16(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["final"]["test_loss"] < metrics["unigram_baseline"]  # beats a model that ignores context
     assert len(metrics["sample"]) == 1 + 20 and metrics["model"].startswith("GPT(")
+    assert len(set(metrics["sample"].strip())) >= 3  # real text: not empty, not one character repeated
 
 
 @pytest.mark.slow

@@ -277,22 +277,40 @@ def test_clip_grad_norm_equals_torchs(scale):
         np.testing.assert_allclose(a, p.grad.numpy(), rtol=1e-6, atol=0)
 
 
-def test_lr_schedule_is_warmup_then_cosine_in_float64_under_x64():
-    lr, warm, decay, low = 6e-4, 10, 50, 6e-5
+def test_lr_schedule_is_nanogpts_get_lr_in_float64_under_x64():
+    learning_rate, warmup_iters, lr_decay_iters, min_lr = 6e-4, 100, 500, 6e-5
 
-    def closed_form(t):
-        if t < warm:
-            return lr * t / warm
-        progress = min((t - warm) / (decay - warm), 1.0)
-        return low + 0.5 * (1 + math.cos(math.pi * progress)) * (lr - low)
+    def get_lr(it):  # nanoGPT's train.py, verbatim
+        if it < warmup_iters:
+            return learning_rate * (it + 1) / (warmup_iters + 1)
+        if it > lr_decay_iters:
+            return min_lr
+        decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+        assert 0 <= decay_ratio <= 1
+        coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+        return min_lr + coeff * (learning_rate - min_lr)
 
     with jax.enable_x64(True):
-        schedule = gpt.lr_schedule(lr, warm, decay, low)
+        schedule = gpt.lr_schedule(learning_rate, warmup_iters, lr_decay_iters, min_lr)
         # optax passes its step count as int32: still evaluated in float64
-        got = [float(schedule(jnp.int32(t))) for t in range(0, 70)]
-    np.testing.assert_allclose(got, [closed_form(t) for t in range(70)], rtol=1e-13, atol=0)
+        got = np.asarray(jax.vmap(schedule)(jnp.arange(0, 700, dtype=jnp.int32)))
+    want = np.asarray([get_lr(t) for t in range(700)])
+    assert got[0] == want[0] and got[1] == want[1]  # 5.94e-6 and 1.19e-5: the warmup never starts at 0
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=0)
     with pytest.raises(ValueError, match="warmup_steps < decay_steps"):
-        gpt.lr_schedule(lr, 10, 10)
+        gpt.lr_schedule(learning_rate, 10, 10)
+
+
+def test_configure_optimizers_adds_no_warmup():
+    # nanoGPT's configure_optimizers is AdamW at a constant lr: the first update of a zero
+    # gradient is AdamW's decay at the full lr (no warmup that would make it 0)
+    lr, wd = 1e-2, 0.1
+    tx = gpt.configure_optimizers(learning_rate=lr, weight_decay=wd)
+    params = {"w": jnp.ones((2, 2))}
+    updates, _ = tx.update({"w": jnp.zeros((2, 2))}, tx.init(params), params)
+    np.testing.assert_allclose(updates["w"], -lr * wd * np.ones((2, 2)), rtol=1e-6)
+    with pytest.raises(ValueError, match="needs decay_steps"):
+        gpt.configure_optimizers(warmup_steps=100)
 
 
 def test_configure_optimizers_decays_matrices_only_with_the_scheduled_lr():

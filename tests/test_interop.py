@@ -115,10 +115,10 @@ class OwnParameter(tnn.Module):
 
 
 @pytest.mark.parametrize("module, named", [
-    (tnn.Sequential(tnn.Bilinear(2, 3, 4), tnn.Flatten(), tnn.Linear(4, 10)), ["0 (Bilinear)"]),
-    (WithRNN(), ["rnn (LSTM)"]),
+    (tnn.Sequential(tnn.Bilinear(2, 3, 4), tnn.Flatten(), tnn.Linear(4, 10)), ["0 (Bilinear, torch.nn's own layer)"]),
+    (WithRNN(), ["rnn (LSTM, torch.nn's own layer)"]),
     (tnn.Sequential(tnn.Linear(3, 3), OwnParameter(), tnn.ModuleList([tnn.GRU(3, 3), tnn.Linear(3, 3)])),
-     ["1 (OwnParameter)", "2.0 (GRU)"]),
+     ["2.0 (GRU, torch.nn's own layer)"]),
 ])
 def test_unsupported_layer_is_named_in_a_type_error(module, named):
     with pytest.raises(TypeError) as info:
@@ -368,3 +368,37 @@ def test_linear_subclass_is_supported():
     net = tnn.Sequential(NonDynamicallyQuantizableLinear(3, 2))
     params = from_torch(net)
     np.testing.assert_array_equal(params["0"]["weight"], net[0].weight.detach().numpy())
+
+
+class NanoLayerNorm(tnn.Module):  # nanoGPT's own LayerNorm: not torch.nn.LayerNorm, a class of its own
+    def __init__(self, n):
+        super().__init__()
+        self.weight, self.bias = tnn.Parameter(torch.ones(n)), tnn.Parameter(torch.zeros(n))
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+def test_modules_of_the_users_own_classes_convert_their_tensors():
+    # nanoGPT's LayerNorm and a ViT's cls_token (an nn.Parameter of the model's own class) are
+    # params like any other; funcnet holds them (nn.Composite with nn.Parameter children)
+    net = tnn.Sequential(tnn.Linear(3, 3), OwnParameter(), NanoLayerNorm(3))
+    params = from_torch(net)
+    assert sorted(funcnet.state_dict(params)) == sorted(net.state_dict())
+    np.testing.assert_array_equal(params["1"]["scale"], np.ones(3, np.float32))
+    with pytest.raises(TypeError, match=r"no counterpart for 0 \(LSTM, torch.nn's own layer\)"):
+        from_torch(tnn.Sequential(tnn.LSTM(3, 3), NanoLayerNorm(3)))
+
+
+def test_keys_meta_sparse_and_prng_keys_are_named():
+    t = torch.ones(2, 2)
+    cases = [
+        (lambda: from_torch({"0..weight": t}), ValueError, r"key '0..weight' has an empty name between dots"),
+        (lambda: from_torch({"w": torch.empty(2, device="meta")}), ValueError, r"'w' is a meta tensor"),
+        (lambda: from_torch({"w": t.to_sparse()}), ValueError, r"'w' is a sparse tensor .* pass tensor.to_dense\(\)"),
+        (lambda: interop.convert(tnn.Linear(2, 2, device="meta")), ValueError, r"'weight' is a meta tensor"),
+        (lambda: to_torch({"k": jax.random.key(0)}), TypeError, r"'k' is a JAX PRNG key .* jax.random.key_data"),
+    ]
+    for thunk, error, message in cases:
+        with pytest.raises(error, match=message):
+            thunk()

@@ -568,3 +568,218 @@ def test_restore_with_a_string_step_and_a_renamed_file(tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match=r"step_00000009.ckpt holds step 3 but its name says step 9 "
                                                          r"\(renamed by hand\?\); rename it to step_00000003.ckpt"):
         checkpoint.restore(tmp_path, state)
+
+
+# ---- issue 20: what the 312-case probe still found ----------------------------------------------
+
+def test_a_second_run_on_a_locked_out_is_refused_naming_the_holder(tmp_path, monkeypatch):
+    from funcnet import data
+    from funcnet.cli.outputs import _Outputs
+
+    monkeypatch.setattr(data, "load", lambda *a, **k: pytest.fail("data loaded while --out is locked"))
+    out = tmp_path / "out"
+    with _Outputs(out).lock():  # another run writing --out
+        status, _, err = run_main(["train", *TINY, "--out", str(out)])
+    assert status == 2
+    assert one_line(err) == (f"funcnet train: error: --out {out} is in use by another run (process {os.getpid()} "
+                             f"holds {tmp_path}/.out.lock); wait for it to finish, stop it, or use another --out")
+    assert not out.exists()
+
+
+def test_the_default_out_is_per_model_so_a_cnn_run_keeps_the_mlp_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run_main(["train", *TINY])[0] == 0
+    mlp = snapshot(tmp_path / "runs" / "train-mlp")
+    status, out, err = run_main(["train", "--quiet", "--epochs", "1", "--batch-size", "128", "--model", "cnn"])
+    assert status == 0, err
+    assert "wrote runs/train-cnn/metrics.json" in out
+    assert snapshot(tmp_path / "runs" / "train-mlp") == mlp
+    assert sorted(os.listdir(tmp_path / "runs")) == ["train-cnn", "train-mlp"]  # no lock file left behind
+
+
+def test_a_sigterm_swallowed_by_a_callback_still_exits_143_without_writing_out(tmp_path):
+    # JAX's gc callback (like any __del__) only prints what its code raises: the handler's
+    # exception is lost there, and the run went on to write --out and exit 0
+    proc = subprocess.Popen(_script(f"""
+        import os, signal, sys, time
+        import funcnet.data as d
+        from funcnet.cli import main
+        real = d.load
+        class Dying:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)  # the handler runs in here
+        def load(*a, **k):
+            Dying()
+            return real(*a, **k)
+        d.load = load
+        sys.exit(main({["train", *TINY, "--out", str(tmp_path / "out")]!r}))
+    """), stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == ("funcnet train: terminated by SIGTERM: nothing was saved (no "
+                                            "--checkpoint-dir): rerun to start over; --out is left as it was")
+    assert not (tmp_path / "out").exists()
+
+
+def _library_misuse_cases(tmp):
+    """(call, error type, fragments the message must hold: the value, what was expected, the fix)."""
+    import jax
+    import optax
+
+    from funcnet import gpt, nn, train
+    from funcnet.interop import load_safetensors, save_safetensors
+
+    state = train.create_train_state(nn.MLP([2, 3]), optax.sgd(0.1), jax.random.key(0))
+    (tmp / "ck").mkdir()
+    os.mkdir(tmp / "ck" / "step_00000004.ckpt")  # a folder named like a checkpoint
+    (tmp / "dangling").mkdir()
+    os.symlink(tmp / "nowhere", tmp / "dangling" / "step_00000002.ckpt")
+    (tmp / "garbage.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{garbage}")
+    (tmp / "huge.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    (tmp / "model.pt").write_bytes(b"PK\x03\x04" + b"\x00" * 40)
+    model = gpt.build(10, 8, n_layer=1, n_head=1, n_embd=8)
+    params = model.init(jax.random.key(0))
+    idx = np.zeros((1, 2), np.int32)
+    return [
+        (lambda: checkpoint.save(tmp / "s", state, step=True), TypeError, ["got True (a bool)", "step=int(state.step)"]),
+        (lambda: checkpoint.save(tmp / "o", {"w": object()}, step=1), checkpoint.CheckpointError,
+         ["leaf w is object, not an array", "keep other values out of the state"]),
+        (lambda: checkpoint.restore(tmp / "ck", state), checkpoint.CheckpointError,
+         ["step_00000004.ckpt cannot be read as a checkpoint: it is a folder", "delete step_00000004.ckpt"]),
+        (lambda: checkpoint.restore(tmp / "dangling", state), checkpoint.CheckpointError,
+         ["it is a link to a missing file"]),
+        (lambda: load_safetensors(tmp / "garbage.safetensors"), ValueError,
+         [f"{tmp}/garbage.safetensors is not a readable safetensors file", "write it again"]),
+        (lambda: load_safetensors(tmp / "huge.safetensors"), ValueError, [f"{tmp}/huge.safetensors is not a readable"]),
+        (lambda: load_safetensors(tmp / "model.pt"), ValueError, ["a torch.save .pt file", "torch.load(path"]),
+        (lambda: load_safetensors(tmp), IsADirectoryError, [f"{tmp} is a folder", "pass the .safetensors file"]),
+        (lambda: save_safetensors(tmp / "gone" / "m.safetensors", {"w": np.ones(2)}), OSError,
+         [f"cannot write {tmp}/gone/m.safetensors", "No such file or directory", "an existing folder"]),
+        (lambda: save_safetensors(tmp, {"w": np.ones(2)}), IsADirectoryError, [f"{tmp} is a folder"]),
+        (lambda: gpt.generate(model, params, idx, 3, key=0), TypeError, ["key must be one PRNG key", "got 0"]),
+        (lambda: gpt.generate(model, params, idx, 3, key=jax.random.key(0), block_size=99), ValueError,
+         ["block_size must be an int in [1, 8]", "got 99"]),
+        (lambda: gpt.generate(model, params, idx + 10, 3, key=jax.random.key(0)), ValueError,
+         ["token ids in [10, 10], outside the vocabulary of 10", "encode the prompt"]),
+        (lambda: train.create_train_state([nn.Linear(2, 2)], optax.sgd(0.1), jax.random.key(0)), TypeError,
+         ["got list (a list of layers: wrap it, nn.Sequential(*layers))"]),
+    ]
+
+
+def test_library_misuse_is_named(tmp_path):
+    for i, (call, error, fragments) in enumerate(_library_misuse_cases(tmp_path)):
+        with pytest.raises(error) as info:
+            call()
+        for fragment in fragments:
+            assert fragment in str(info.value), (i, fragment, str(info.value))
+
+
+def _records(root: Path, name: str, bad_label=None) -> Path:
+    from funcnet import loader
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((100, 64), dtype=np.float32), np.arange(100) % 10
+    if bad_label is not None:
+        y[3] = bad_label
+    return loader.write_records(root / name, x, y, shards=2)
+
+
+def _edit_meta(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "records.json").read_text())
+    (folder / "records.json").write_text(json.dumps({**meta, **changes}))
+
+
+def _cut(path: Path, keep: float) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[:int(len(raw) * keep)])
+
+
+def _flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    for i in range(len(raw) // 10, len(raw) // 10 + 64):  # inside the records (the rest is padding)
+        raw[i] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+STREAM_CASES = [  # (how the records are damaged, extra flags, exit status, fragments of the one line)
+    ("count lowered", lambda d: _edit_meta(d, count=50), [], 2,
+     ["records.json says count 50 but the shards hold 100 records", "write them again"]),
+    ("count raised", lambda d: _edit_meta(d, count=500), [], 2, ["says count 500 but the shards hold 100 records"]),
+    ("dtype edited", lambda d: _edit_meta(d, dtype="<f8"), [], 2,
+     ["a record has 264 bytes but records.json's shape [64] and dtype <f8 give 520"]),
+    ("dtype garbage", lambda d: _edit_meta(d, dtype="float99"), [], 2, ["dtype 'float99' is not a numpy dtype"]),
+    ("shard truncated", lambda d: _cut(d / "shard-00001-of-00002.array_record", 0.5), [], 2,
+     ["a shard cannot be read", "damaged or cut short", "write them again"]),
+    ("shard byte-flipped", lambda d: _flip(d / "shard-00000-of-00002.array_record"), ["--verify-records"], 2,
+     ["cannot be read", "write them again"]),
+    ("label out of range, verified", None, ["--verify-records"], 2,
+     ["record 3 has label 12, outside the 10 classes [0, 9]", "write them again"]),
+    ("label out of range, streamed", None, [], 2,
+     ["the labels range over [0, 12] but the model has 10 outputs", "class indices in [0, 9]"]),
+    ("too many workers", lambda d: None, ["--workers", "1000"], 2, ["--workers 1000 is more than 4 per CPU core",
+                                                                   "pass --workers <="]),
+]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=[c[0] for c in STREAM_CASES])
+def test_damaged_stream_records_are_refused_before_training(tmp_path, case):
+    name, damage, flags, status, fragments = case
+    folder = _records(tmp_path, "rec", bad_label=12 if damage is None else None)
+    if damage is not None:
+        damage(folder)
+    got, _, err = run_main(["train", *TINY, "--batch-size", "16", "--stream", str(folder), *flags,
+                            "--out", str(tmp_path / "out")])
+    assert got == status, err
+    line = one_line(err)
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    assert not (tmp_path / "out").exists()
+
+
+def test_probe_cli_cases_are_one_line_naming_the_value(tmp_path):
+    from funcnet.cli import memory
+
+    ckpt = tmp_path / "ckpt"
+    assert run_main(["train", *TINY, "--checkpoint-dir", str(ckpt), "--out", str(tmp_path / "a")])[0] == 0
+    meta = checkpoint.read_metadata(ckpt)
+    del meta["config"]["precision"]  # as an older funcnet train wrote it, before --precision existed
+    import jax
+    import optax
+
+    from funcnet import nn, train
+
+    template = train.create_train_state(nn.MLP([64, 8, 10]), optax.adam(1e-3), jax.random.key(0))
+    state = checkpoint.restore(ckpt, template)
+    checkpoint.save(ckpt, state, step=11, metadata=meta)
+    mnist = _write_mnist(tmp_path / "mnist0", n=0)
+    cases = [
+        (["train", *TINY, "--checkpoint-dir", str(ckpt), "--resume", "--precision", "bf16", "--out",
+          str(tmp_path / "b")], 2, ["--precision unrecorded (an older funcnet train, which had no --precision: its "
+                                    "default fp32) (now bf16)", "pass the same flags"]),
+        (["train", "--quiet", "--dataset", "mnist", "--data-dir", str(mnist), "--out", str(tmp_path / "c")], 2,
+         [f"{mnist}/train-images-idx3-ubyte.gz holds 0 images", "download it again"]),
+    ]
+    for argv, status, fragments in cases:
+        got, _, err = run_main(argv)
+        assert got == status, err
+        for fragment in fragments:
+            assert fragment in one_line(err), (fragment, err)
+    # the same old checkpoint resumes when the flag has the default it had then
+    assert run_main(["train", *TINY, "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume",
+                     "--out", str(tmp_path / "d")])[0] == 0
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()), \
+            pytest.raises(SystemExit) as exited:
+        memory.main(["--params", "-7B"])
+    assert exited.value.code == 2
+    assert "cannot read the parameter count '-7B'" in one_line(err.getvalue())
+
+
+def test_devices_with_fp16_trains_from_the_command_line(tmp_path):
+    # the fp16 loss scale is an array: made before the simulated devices, it started JAX's
+    # backend with one device and the CLI user was told to call simulate_cpu_devices in Python
+    proc = subprocess.run([sys.executable, "-m", "funcnet.cli", "train", *TINY, "--devices", "2", "--precision",
+                           "fp16", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "params.npz").exists()

@@ -46,7 +46,9 @@ def test_non_strict_skips_keys_but_not_shape_mismatches():
 def test_values_cast_to_template_dtype_and_leave_input_untouched():
     params = nn.Linear(3, 2).init(jax.random.key(0))
     sd = {"weight": np.ones((2, 3), np.float64), "bias": np.zeros(2, np.float64)}
-    loaded = funcnet.load_state_dict(params, sd)
+    with pytest.raises(funcnet.StateDictError, match="a lossy cast"):  # float64 -> float32 only when asked
+        funcnet.load_state_dict(params, sd)
+    loaded = funcnet.load_state_dict(params, sd, cast=True)
     assert loaded["weight"].dtype == jnp.float32
     assert not np.all(np.asarray(params["weight"]) == 1)
 

@@ -41,7 +41,7 @@ from funcnet.cli.errors import (
     _one_line,
 )
 from funcnet.cli.info import info_command
-from funcnet.cli.parser import build_parser
+from funcnet.cli.parser import build_parser, join_negative_values
 from funcnet.cli.train import train_command
 
 __all__ = ["main", "build_parser", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_INTERRUPTED", "EXIT_TERMINATED"]
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         from funcnet.cli import memory
 
         return memory.main(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_negative_values(argv))
     from funcnet.guards import NonFiniteLossError
 
     prog = f"funcnet {args.command}"

@@ -35,9 +35,8 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
     if args.resume and newest is not None:
         meta = checkpoint.read_metadata(directory, newest)
         _check_metadata(meta, checkpoint.checkpoint_path(directory, newest))
-        changed = [f"--{k.replace('_', '-')} {meta['config'].get(k)} (now {config.get(k)})"
-                   for k in sorted(set(meta["config"]) | set(config))
-                   if k != "epochs" and meta["config"].get(k) != config.get(k)]
+        changed = [_changed(k, meta["config"], config) for k in sorted(set(meta["config"]) | set(config))
+                   if k != "epochs" and _then(k, meta["config"]) != config.get(k)]
         if changed:
             raise UsageError(f"--resume: the run in {directory} was started with " + ", ".join(changed)
                              + "; pass the same flags (only --epochs may change) or use a new --checkpoint-dir")
@@ -101,6 +100,26 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
     kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every,
                   on_steps=on_steps if steps_per_epoch is None else on_stream_steps)
     return list(done), kwargs
+
+
+def _defaults() -> dict:
+    from funcnet.cli.parser import build_parser
+
+    return vars(build_parser().parse_args(["train"]))
+
+
+def _then(k, recorded: dict):
+    """The flag's value in the checkpointed run: a flag that an older funcnet train did not record
+    did not exist then, so that run had the flag's default."""
+    return recorded[k] if k in recorded else _defaults().get(k)
+
+
+def _changed(k, recorded: dict, config: dict) -> str:
+    flag = f"--{k.replace('_', '-')}"
+    if k not in recorded:
+        return (f"{flag} unrecorded (an older funcnet train, which had no {flag}: its default "
+                f"{_defaults().get(k)}) (now {config.get(k)})")
+    return f"{flag} {recorded[k]} (now {config.get(k)})"
 
 
 def _check_metadata(meta, path) -> None:

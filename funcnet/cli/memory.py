@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Sequence
 
+from funcnet.cli.parser import join_negative_values
 from funcnet.memory import (
     OPTIMIZER_SLOTS,
     PRECISIONS,
@@ -93,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--recompute", default="none", choices=RECOMPUTE, help="activation recomputation (default none)")
     t.add_argument("--flash", action="store_true", help="attention that keeps no s x s scores (FlashAttention)")
     t.add_argument("--no-dropout", action="store_true", help="no dropout masks (nanoGPT's dropout=0)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     grid = None
     try:
         sizes = _parse_sizes(args.sizes) if args.sizes else None

@@ -49,6 +49,14 @@ class _Outputs:
             if kind in ("tmp", "old") and pid.isdigit() and not _pid_alive(int(pid)):
                 yield kind, self.out.parent / entry
 
+    def lock(self):
+        """``checkpoint.lock`` on ``.NAME.lock`` beside ``--out`` (not inside: --out is swapped as a
+        whole), removed when the run ends: a second run on the same --out is refused at once."""
+        from funcnet import checkpoint
+
+        return checkpoint.lock(self.out.parent, name=f".{self.out.name}.lock", what=f"--out {self.out}",
+                               other="--out", remove=True)
+
     def prepare(self) -> None:
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +170,7 @@ def _check_out(args) -> None:
     resolved, cwd = out.resolve(), Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents or resolved.parent == resolved:
         raise UsageError(f"--out {args.out} is the current folder or one above it; the outputs replace --out as a "
-                         f"whole, so give the run a folder of its own (e.g. --out runs/train)")
+                         f"whole, so give the run a folder of its own (e.g. --out runs/train-{args.model})")
     for flag, value, beside in (("--checkpoint-dir", args.checkpoint_dir, "ckpt"), ("--stream", args.stream, "data")):
         inner = None if value is None else Path(value).resolve()
         if inner is not None and (inner == resolved or resolved in inner.parents):

@@ -15,6 +15,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def join_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -7B`` as ``--flag=-7B``: argparse reads a value that starts with "-" as another
+    flag (unless it is a plain number), and then says only "expected one argument"; joined, the
+    value reaches the flag's own check, which names it."""
+    out: list[str] = []
+    for tok in argv:
+        if (out and out[-1].startswith("--") and "=" not in out[-1] and len(tok) > 1 and tok[0] == "-"
+                and (tok[1].isdigit() or tok[1] == ".")):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -32,6 +46,18 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {value}")
+    return value
+
+
+LR_MIN = 1e-10
+
+
+def _learning_rate(text: str) -> float:
+    value = _positive_float(text)
+    if value < LR_MIN:
+        raise argparse.ArgumentTypeError(
+            f"expected a learning rate of at least {LR_MIN:g}, got {value:g}: a step that small cannot change float32 "
+            f"weights (they resolve about 1e-7 of their size), so the run would learn nothing; try 1e-3")
     return value
 
 
@@ -79,9 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "in memory")
     t.add_argument("--workers", type=_non_negative_int, default=None, metavar="K",
                    help="processes that read and batch --stream's records (default 0: this process)")
+    t.add_argument("--verify-records", action="store_true",
+                   help="read every --stream record once before training: each size and label, and the SHA-256 "
+                        "written with them (without it: the count, the first and last record's sizes)")
     t.add_argument("--epochs", type=_positive_int, default=20)
     t.add_argument("--batch-size", type=_positive_int, default=32)
-    t.add_argument("--lr", type=_positive_float, default=1e-3)
+    t.add_argument("--lr", type=_learning_rate, default=1e-3)
     t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
     t.add_argument("--model", choices=["mlp", "cnn", "gpt", "lstm"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
@@ -98,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "paper's tensors, those without the softmax output, or each block's input only (same "
                         "results, less memory; default: no remat)")
     g.add_argument("--sample-chars", type=_positive_int, default=None,
-                   help="characters sampled (greedy) after training, printed and kept in metrics.json "
-                        "(default 200)")
+                   help="characters sampled after training (temperature 0.8, top 10, seeded by --seed), printed "
+                        "and kept in metrics.json (default 200)")
     t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
                    help="hidden layer sizes of the MLP (default: 128)")
     t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
@@ -113,8 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
                    help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted; "
                         "--resume auto also starts a fresh run when there is none yet (restart-safe)")
-    t.add_argument("--out", default="runs/train",
-                   help="output folder of its own (created if missing; replaced as a whole when the run ends)")
+    t.add_argument("--out", default=None,
+                   help="output folder of its own (created if missing; replaced as a whole when the run ends; "
+                        "locked while the run lasts); default runs/train-MODEL (runs/train-mlp, runs/train-cnn, "
+                        "runs/train-gpt), so runs of different models never replace each other")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
 
     sub.add_parser("info", help="print both framework stacks on this machine")

@@ -19,11 +19,16 @@ class _Run:
         self.directory = None if args.checkpoint_dir is None else Path(args.checkpoint_dir)
         self.training = False
         self.pending = False
+        self.received = False  # set by every SIGTERM, even one whose exception was swallowed
         self.saved_step = None  # the newest checkpoint: resumed from, or saved by this run
 
     @contextlib.contextmanager
     def signals(self):
         def on_sigterm(signum, frame):
+            # The flag first: the exception below is lost when the signal lands inside a callback
+            # whose errors Python only prints ("Exception ignored in _xla_gc_callback", a __del__);
+            # check_pending() then still stops the run before --out is written.
+            self.received = True
             if self.training and self.directory is not None:
                 self.pending = True
             else:
@@ -40,8 +45,8 @@ class _Run:
             signal.signal(signal.SIGTERM, previous)
 
     def check_pending(self, saved: bool = False):
-        if self.pending:
-            self.pending = False
+        if self.pending or self.received:
+            self.pending = self.received = False
             raise Terminated(self.stopped_message(saved))
 
     def kept(self) -> str:

@@ -11,7 +11,7 @@ from funcnet.cli.errors import UsageError
 from funcnet.cli.outputs import _fsync_dir, _Outputs
 
 
-def _records_in(args, n_features: int):
+def _records_in(args, n_features: int, n_classes: int | None = None):
     """The ``loader.Records`` in --stream DIR, or None when DIR is missing or empty (``_stream``
     writes --dataset's training split there)."""
     import numpy as np
@@ -30,6 +30,10 @@ def _records_in(args, n_features: int):
     except (KeyError, TypeError, ValueError) as e:  # a records.json of something else
         raise UsageError(f"--stream {args.stream}: {loader._META} is not funcnet.loader's ({type(e).__name__}: {e}); "
                          f"write the records again, or pass an empty folder") from None
+    try:  # count, sizes (shape and dtype), readable shards; every record and the SHA-256 with --verify-records
+        records.check(sha256=args.verify_records, n_classes=n_classes)
+    except ValueError as e:
+        raise UsageError(f"--stream {args.stream}: {e}") from None
     if int(np.prod(records.shape)) != n_features:
         raise UsageError(f"--stream {args.stream} holds examples of shape {records.shape} "
                          f"({int(np.prod(records.shape))} features) but the test split of --dataset {args.dataset} has "
@@ -85,15 +89,22 @@ def _stream_fingerprint(records, x_te, y_te) -> str:
 def _check_stream_flags(args) -> None:
     """--stream DIR [--workers K]: one device, the MLP and conv net (not the GPT's text)."""
     if args.stream is None:
+        if args.verify_records:
+            raise UsageError("--verify-records checks --stream's records; pass --stream DIR, or leave it out")
         if args.workers is not None:
             raise UsageError(f"--workers {args.workers} sets the processes that read --stream's records; pass "
                              f"--stream DIR to train from records on disk, or leave --workers out")
         return
     args.workers = args.workers or 0
+    most = 4 * (os.cpu_count() or 1)
+    if args.workers > most:
+        raise UsageError(f"--workers {args.workers} is more than 4 per CPU core ({os.cpu_count()} here): each worker is "
+                         f"a process of its own, and that many only wait on each other; pass --workers <= {most}")
+    if args.verify_records and args.stream is None:
+        raise UsageError("--verify-records checks --stream's records; pass --stream DIR, or leave it out")
     if args.model in ("gpt", "lstm"):
         raise UsageError(f"--stream {args.stream} reads image or feature records with class labels; --model "
-                         f"{args.model} "
-                         f"trains on --dataset text in memory: leave --stream out")
+                         f"{args.model} trains on --dataset text in memory: leave --stream out")
     if args.devices > 1 or args.parallel is not None:
         given = f"--devices {args.devices}" if args.devices > 1 else f"--parallel {args.parallel}"
         raise UsageError(f"{given} is not supported with --stream yet (streamed batches train on one device); "

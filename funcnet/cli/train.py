@@ -28,7 +28,8 @@ _NOT_YET: dict[str, tuple] = {}
 
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
 # a resumed run writes the same file as an uninterrupted one.
-_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers")
+_NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers",
+                  "verify_records")
 
 
 def _reject_unsupported(args) -> None:
@@ -53,16 +54,17 @@ def _precision(args):
 def train_command(args) -> dict:
     _reject_unsupported(args)
     _check_flags(args)
-    policy, loss_scale = _precision(args)
     data_parallel = args.devices > 1 or args.parallel is not None
-    if data_parallel:
+    if data_parallel:  # first: simulating CPU devices must come before any array (the fp16 loss scale is one)
         _parallel_flags(args)
     compile_cache.enable()  # a second run reads its compiled programs from disk (FUNCNET_NO_COMPILE_CACHE=1: off)
+    policy, loss_scale = _precision(args)
     _check_backend()
     run = _Run(args)
     with contextlib.ExitStack() as stack:
         stack.enter_context(run.signals())
         outputs = _Outputs(Path(args.out))
+        stack.enter_context(outputs.lock())  # one run per --out, as per --checkpoint-dir
         stack.callback(outputs.discard)
         outputs.prepare()  # --out is writable: before any data is loaded or training starts
         if args.checkpoint_dir is not None:
@@ -84,15 +86,15 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         (x_tr, y_tr), (x_te, y_te) = text.load_text(args.block_size, stride=args.block_size // 2 or 1)
     else:
         (x_tr, y_tr), (x_te, y_te) = data.load(args.dataset, data_dir=args.data_dir, seed=args.seed)
-    records = None if args.stream is None else _records_in(args, x_te.shape[1])  # None: written below
+    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
+    # refused, not grow the model a 256th class.
+    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
+    records = None if args.stream is None else _records_in(args, x_te.shape[1], n_classes)  # None: written below
     n_train = len(x_tr) if records is None else len(records)
     if args.batch_size > n_train:
         raise UsageError(f"--batch-size {args.batch_size} is larger than the {n_train} training examples of "
                          f"{args.dataset if records is None else '--stream ' + args.stream}; use --batch-size "
                          f"<= {n_train}")
-    # The class count is the data set's, never max(label) + 1: one corrupt label byte must be
-    # refused, not grow the model a 256th class.
-    n_classes = text.vocabulary().size if args.dataset == "text" else data.num_classes(args.dataset)
     _check_data(args, (x_tr, y_tr), (x_te, y_te), n_classes)
     model, description = _build_model(args, x_tr.shape[1], n_classes)
     tx = optax.adam(args.lr) if args.optimizer == "adam" else optax.sgd(args.lr)
@@ -133,12 +135,12 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     history = done + history
 
     metrics = {"config": config, "model": description, "history": history, "final": history[-1] if history else {}}
-    if args.dataset == "text":  # nats per character against a model that ignores context, and a greedy sample
+    if args.dataset == "text":  # nats per character against a model that ignores context, and a sample
         metrics["unigram_baseline"] = text.unigram_entropy()
-        metrics["sample"] = text.complete(model, state.params, "\n", args.sample_chars, key=jax.random.key(args.seed),
-                                          greedy=True, block_size=args.block_size)
+        metrics["sample"] = _sample(model, state.params, args)
         print(f"validation loss {metrics['final'].get('test_loss', float('nan')):.3f} nats/char "
-              f"(unigram baseline {metrics['unigram_baseline']:.3f}); greedy sample:\n{metrics['sample']}")
+              f"(unigram baseline {metrics['unigram_baseline']:.3f}); sample (temperature {SAMPLE_TEMPERATURE}, "
+              f"top {SAMPLE_TOP_K}, seed {args.seed}):\n{metrics['sample']}")
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
     arrays = state_dict(state.params, state.model_state, model=model)
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
@@ -147,6 +149,21 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 10
+
+
+def _sample(model, params, args) -> str:
+    """``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
+    deterministic per --seed. Greedy decoding is no sample of a small model: after a few epochs
+    its argmax is " " almost everywhere, and it printed a blank line of spaces."""
+    import jax
+
+    from funcnet import text
+
+    return text.complete(model, params, "\n", args.sample_chars, key=jax.random.key(args.seed),
+                         temperature=SAMPLE_TEMPERATURE, top_k=SAMPLE_TOP_K, block_size=args.block_size)
 
 
 def _build_model(args, n_features: int, n_classes: int):
@@ -298,6 +315,8 @@ def _check_model_flags(args) -> None:
 
 def _check_flags(args) -> None:
     _check_model_flags(args)
+    if args.out is None:  # one default per model: a cnn run never replaces the mlp run's outputs
+        args.out = f"runs/train-{args.model}"
     if args.dataset == "mnist" and args.data_dir is None:
         raise UsageError("--dataset mnist needs --data-dir DIR, a folder with the four MNIST IDX files "
                          "(nothing is downloaded)")

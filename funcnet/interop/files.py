@@ -59,7 +59,14 @@ def save_safetensors(path: str | os.PathLike, params: Any, state: Any = None,
     meta.update(ties)
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, f"save_safetensors: {path} is a folder; pass a file path such as "
+                                    f"{os.path.join(path, 'model.safetensors')}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    except OSError as e:  # the temporary file's name would hide the path the caller gave
+        raise OSError(e.errno, f"save_safetensors: cannot write {path}: {e.strerror} in {folder}; pass a path "
+                               f"in an existing folder this user can write") from None
     os.close(fd)
     try:
         save_file(arrays, tmp, metadata=meta or None)
@@ -69,9 +76,12 @@ def save_safetensors(path: str | os.PathLike, params: Any, state: Any = None,
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a saved file gets the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            raise OSError(e.errno, f"save_safetensors: could not write {path}: {e.strerror or e}; any existing file "
+                                   f"there is left as it was") from None
         raise
 
 
@@ -85,9 +95,24 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     from safetensors import safe_open
     from safetensors.numpy import load_file
 
-    sd = load_file(os.fspath(path))
-    with safe_open(os.fspath(path), framework="np") as f:
-        meta = f.metadata() or {}
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, f"load_safetensors: {path} is a folder; pass the .safetensors file inside it")
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, f"load_safetensors: no file {path}; pass the path of a .safetensors file")
+    try:
+        sd = load_file(path)
+        with safe_open(path, framework="np") as f:
+            meta = f.metadata() or {}
+    except Exception as e:  # noqa: BLE001 - SafetensorError, OSError, ...: the file is what is named
+        with open(path, "rb") as f:
+            head = f.read(2)
+        hint = (" (a zip: a torch.save .pt file; read it with torch.load(path, map_location='cpu'))"
+                if head == b"PK" else "")
+        detail = " ".join(str(e).split())[:120]
+        raise ValueError(f"load_safetensors: {path} is not a readable safetensors file{hint}: {type(e).__name__}: "
+                         f"{detail}; it is damaged or of another format: write it again with save_safetensors or "
+                         f"safetensors' save_file") from None
     for key, target in meta.items():
         if key not in sd and target in sd:
             sd[key] = sd[target]

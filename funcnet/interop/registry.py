@@ -124,20 +124,29 @@ def _own_tensors(module) -> list[str]:
 
 
 def _check_module(module) -> None:
+    """Refuse torch.nn layers that funcnet.nn has no counterpart for. A module of the user's own
+    class (nanoGPT's LayerNorm, a ViT holding ``cls_token`` as an ``nn.Parameter``) is accepted:
+    its tensors are params like any other, and ``nn.Composite`` with ``nn.Parameter`` children
+    holds them; only its forward must be written by hand (``interop.convert`` says so)."""
     registry = _registry()
     unsupported = []
     for name, sub in module.named_modules():
         if _container_base(sub) is not None or _match(sub, registry)[0] is not None:
             continue
-        # a user's own module holding supported layers has no tensors of its own: its tensors convert
-        if type(sub).__module__.startswith("torch.nn") or _own_tensors(sub):
-            unsupported.append(f"{name or '<root>'} ({type(sub).__name__})")
+        cls = type(sub)
+        if cls.__module__.startswith("torch.nn") and _has_tensors(sub):
+            unsupported.append(f"{name or '<root>'} ({cls.__name__}, torch.nn's own layer)")
     if unsupported:
         raise TypeError(
             "from_torch: funcnet.nn has no counterpart for " + ", ".join(unsupported)
-            + f"; supported modules are {', '.join(SUPPORTED_MODULES)} (and their subclasses) and containers of "
-            "them. Pass model.state_dict() to convert the tensors without this check."
+            + f"; supported torch layers are {', '.join(SUPPORTED_MODULES)} (and their subclasses), containers of "
+            "them and modules of your own classes. Pass model.state_dict() to convert the tensors without this "
+            "check."
         )
+
+
+def _has_tensors(module) -> bool:
+    return any(True for _ in module.parameters()) or any(True for _ in module.buffers())
 
 
 # --------------------------------------------------------------------------------------------

@@ -30,6 +30,13 @@ def _to_numpy(tensor) -> np.ndarray:
 def _to_jax(key: str, tensor) -> jax.Array:
     if not hasattr(tensor, "detach"):
         raise TypeError(f"from_torch: {key!r} holds {type(tensor).__name__}, expected a torch.Tensor")
+    if getattr(tensor, "is_meta", False):
+        raise ValueError(f"from_torch: {key!r} is a meta tensor (a shape without data, from a model built on "
+                         f"device='meta'); load real weights first (model.to_empty(device='cpu') and "
+                         f"load_state_dict, or torch.load(path, map_location='cpu'))")
+    if getattr(tensor, "is_sparse", False) or "sparse" in str(getattr(tensor, "layout", "")):
+        raise ValueError(f"from_torch: {key!r} is a sparse tensor ({tensor.layout}); funcnet params are dense: "
+                         f"pass tensor.to_dense()")
     x64 = jax.config.jax_enable_x64
     if str(tensor.dtype) in ("torch.float64", "torch.complex128") and not x64:
         raise TypeError(
@@ -54,8 +61,8 @@ def _to_jax(key: str, tensor) -> jax.Array:
 
 def _shares_memory_key(tensor):
     # two state_dict entries that view the same memory the same way are one tied parameter
-    if tensor.numel() == 0:
-        return None
+    if tensor.numel() == 0 or tensor.is_meta or "strided" not in str(tensor.layout):
+        return None  # no storage to share (from_torch names meta and sparse tensors)
     return (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
             tuple(tensor.stride()), tensor.dtype)
 
@@ -111,6 +118,9 @@ def _split(source, buffers: Iterable[str] | None, where: str):
 def _nest(items: Iterable[tuple[str, Any]], where: str) -> dict:
     tree: dict = {}
     for key, value in items:
+        if not isinstance(key, str) or "" in key.split("."):
+            raise ValueError(f"{where}: key {key!r} has an empty name between dots (or at an end); torch's keys are "
+                             f"names joined by single dots, such as '0.weight': fix the key")
         *path, leaf = key.split(".")
         node = tree
         for part in path:
@@ -171,6 +181,12 @@ def to_torch(params: Any, state: Any = None) -> dict:
 
     out = {}
     for key, value in _state_dict(params, state).items():
+        if hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+            raise TypeError(f"to_torch: {key!r} is a JAX PRNG key ({value.dtype}), which torch has no type for; "
+                            f"leave keys out of the params, or pass jax.random.key_data(key) for its raw uint32 "
+                            f"words")
+        if not hasattr(value, "dtype") and not isinstance(value, (int, float, bool, np.generic)):
+            raise TypeError(f"to_torch: {key!r} holds {type(value).__name__}, expected an array")
         array = np.asarray(value)
         if array.dtype == jnp.bfloat16:
             out[key] = torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)

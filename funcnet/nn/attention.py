@@ -201,7 +201,7 @@ def MultiheadAttention(
     # torch's repr is the tree of its one child, out_proj (messages above use the one-line name)
     tree = (f"MultiheadAttention(\n  (out_proj): NonDynamicallyQuantizableLinear(in_features={E}, out_features={E}, "
             f"bias={bias})\n)")
-    return Module(init, apply, name=tree)
+    return Module(init, apply, name=tree, batch_axis=0 if batch_first else 1)
 
 
 def _check_inputs(name, query, key, value, embed_dim, kdim, vdim) -> bool:

@@ -28,7 +28,16 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from funcnet.nn.module import Module, Tied, call, check_params, describe, require_state
+from funcnet.nn.module import (
+    Module,
+    Tied,
+    call,
+    check_params,
+    children_batch_axis,
+    describe,
+    refuse_state,
+    require_state,
+)
 
 __all__ = ["Composite", "Parameter", "Sequential", "ModuleList", "ModuleDict", "MLP"]
 
@@ -132,10 +141,22 @@ class _Scope:
         self._key, self.training = key, train
 
     def next_key(self):
-        """A fresh PRNG key from the caller's (None when apply got no key): for a forward that
-        runs children itself (a ``lax.scan`` over stacked blocks) and hands each its key."""
+        """A fresh PRNG key from the caller's: for a forward that draws noise itself (a VAE's
+        ``randn_like``) or runs children itself (a ``lax.scan`` over stacked blocks). Without a
+        key it raises, naming the module: pass ``key=`` to apply (``fit`` and ``evaluate`` do
+        in training; for eval use ``self.key_or_none()`` and draw only when it is not None)."""
         if self._key is None:
-            return None
+            raise ValueError(
+                f"{self._owner}: self.next_key() needs a PRNG key, but apply was called without one; pass "
+                f"key=jax.random.key(seed) to apply (evaluate(..., key=) for a model that samples in eval too), "
+                f"or use self.key_or_none() in forward and skip the draw when it is None")
+        return self._split()
+
+    def key_or_none(self):
+        """``next_key()``, or None when apply got no key (a child that needs none)."""
+        return None if self._key is None else self._split()
+
+    def _split(self):
         self._key, sub = jax.random.split(self._key)
         return sub
 
@@ -147,7 +168,7 @@ class _Scope:
         for p in path:
             state = state.get(p, {}) if isinstance(state, Mapping) else {}
         y, new_state = call(module, params, state if module.has_state else None, *inputs,
-                            key=self.next_key(), train=self.training, **kwargs)
+                            key=self.key_or_none(), train=self.training, **kwargs)
         if module.has_state:
             node = self._state
             for p in path[:-1]:
@@ -219,8 +240,11 @@ class _Bound:
         return _get(self._scope._params, self._path)
 
 
+_UNSET: Any = object()
+
+
 def Composite(forward: Callable, /, *, name: str | None = None, tied: Mapping[str, str] | None = None,
-              **children) -> Module:
+              batch_axis: int | None = _UNSET, **children) -> Module:
     """A module with named children and a custom ``forward(self, *inputs, **kwargs)``.
 
     ``children``: Modules (named as torch attributes), ``None`` (an absent optional child,
@@ -264,13 +288,17 @@ def Composite(forward: Callable, /, *, name: str | None = None, tied: Mapping[st
 
     def apply(params, *inputs, state=None, key=None, train=False, **kwargs):
         check_params(params, expected_params(), name)
+        if not stateful:
+            refuse_state(state, name)
         if stateful:
             state = _copy(require_state(state, init_state, name))
         scope = _Scope(name, child_map, _resolve_ties(params, ties), state if stateful else {}, key, train)
         y = forward(scope, *inputs, **kwargs)
         return (y, scope._state) if stateful else y
 
-    return Module(init, apply, init_state if stateful else None, items, name)
+    if batch_axis is _UNSET:
+        batch_axis = 0 if children_batch_axis(items) == 0 else None
+    return Module(init, apply, init_state if stateful else None, items, name, batch_axis)
 
 
 def Sequential(*layers: Module) -> Module:
@@ -308,6 +336,8 @@ def Sequential(*layers: Module) -> Module:
 
     def apply(params, x, *, state=None, key=None, train=False):
         check_params(params, expected_params(), "Sequential")
+        if not stateful:
+            refuse_state(state, "Sequential")
         if stateful:
             state = dict(require_state(state, init_state, "Sequential"))
         keys = [None] * len(layers) if key is None else list(jax.random.split(key, max(len(layers), 1)))
@@ -317,7 +347,7 @@ def Sequential(*layers: Module) -> Module:
                 state[i] = new
         return (x, state) if stateful else x
 
-    return Module(init, apply, init_state if stateful else None, items, name)
+    return Module(init, apply, init_state if stateful else None, items, name, children_batch_axis(items))
 
 
 def _container(kind: str, items: tuple) -> Module:
@@ -332,7 +362,7 @@ def _container(kind: str, items: tuple) -> Module:
         return _state_children(items)
 
     return Module(init, None, init_state if _stateful(items) else None, items,
-                  f"{kind}(" + ", ".join(f"{n}={c.name}" for n, c in items) + ")")
+                  f"{kind}(" + ", ".join(f"{n}={c.name}" for n, c in items) + ")", children_batch_axis(items))
 
 
 def ModuleList(modules: Sequence[Module]) -> Module:

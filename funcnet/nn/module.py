@@ -14,6 +14,11 @@ A ``Module`` is a NamedTuple:
   optimizer; it goes in and the new state comes out, nothing is mutated.
 - ``children``: ``((name, Module), ...)`` of containers and composites; ``name``: the
   torch-style description used in messages and ``repr``.
+- ``batch_axis``: which axis of the input is the batch: 0 (batch-first, or a layer that does
+  not care, such as Linear), 1 for torch's sequence-first layers (``batch_first=False``:
+  MultiheadAttention, TransformerEncoder(Layer) with inputs ``(S, N, E)``), None when it is
+  not known (a composite whose children disagree). ``make_step(accum_steps=k)`` splits that
+  axis into micro-batches, or refuses when it is None.
 
 ``call(model, params, state, *inputs, ...) -> (y, state)`` is the one form that works for
 every module, with or without state; the training loop and composites use it.
@@ -28,7 +33,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Module", "call", "initial_state", "Tied", "check_params", "require_state", "describe"]
+__all__ = ["Module", "call", "initial_state", "Tied", "check_params", "require_state", "refuse_state", "describe",
+           "children_batch_axis"]
 
 Params = Any
 State = Any
@@ -43,6 +49,7 @@ class Module(NamedTuple):
     init_state: Callable[[], State] | None = None
     children: tuple = ()
     name: str = "Module"
+    batch_axis: int | None = 0
 
     @property
     def has_state(self) -> bool:
@@ -70,6 +77,16 @@ class Module(NamedTuple):
         if not lines:
             return head + "()"
         return head + "(\n  " + "\n  ".join(line.replace("\n", "\n  ") for line in lines) + "\n)"
+
+
+def children_batch_axis(children) -> int | None:
+    """The batch axis of modules that pass their input along (Sequential, ModuleList): 0 unless
+    a child says otherwise; None when children disagree or one does not know."""
+    axes = {c.batch_axis for _, c in children if isinstance(c, Module)}
+    if None in axes:
+        return None
+    axes.discard(0)
+    return axes.pop() if len(axes) == 1 else (0 if not axes else None)
 
 
 def initial_state(model: Module) -> State:
@@ -124,6 +141,16 @@ def require_state(state, expected: Callable[[], State], where: str) -> State:
         raise ValueError(f"{where}: the state does not match the model: got {got}, expected {exp}; pass "
                          f"model.init_state() or a state returned by this model's apply")
     return state
+
+
+def refuse_state(state, where: str) -> None:
+    """The contract for ``state=`` given to a module without state: refused, never ignored
+    (``y, s = model.apply(params, x, state=s)`` would otherwise unpack ``y``'s rows)."""
+    if state is not None:
+        raise TypeError(
+            f"{where} has no state (no buffers such as BatchNorm's running statistics), so its apply takes no "
+            f"state= and returns y alone; call y = model.apply(params, x), or funcnet.nn.call(model, params, "
+            f"state, x), which returns (y, state) for every model")
 
 
 def _flat(tree) -> dict:

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from funcnet.nn.dropout import _drop, _need_key
+from funcnet.nn.dropout import _need_key
+from funcnet.nn.functional.misc import drop as _drop
 from funcnet.nn.module import Module, check_params, describe
 
 __all__ = ["RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell"]
@@ -213,7 +214,7 @@ def _rnn_base(mode, where, input_size, hidden_size, num_layers, bias, batch_firs
         return (out, h_n) if mode == "LSTM" else (out, h_n[0])
 
     init = _uniform_init(shapes, hidden_size, dtype)
-    return Module(init, apply, name=name)
+    return Module(init, apply, name=name, batch_axis=0 if batch_first else 1)
 
 
 def _initial_carry(hx, mode, where, layers_dirs, B, batched, hidden_size, real_hidden, dtype):

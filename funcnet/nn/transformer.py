@@ -119,7 +119,7 @@ def TransformerEncoderLayer(
     name = (f"{where}(d_model={d_model}, nhead={nhead}, dim_feedforward={dim_feedforward}, dropout={dropout}, "
             f"activation={act_name}, layer_norm_eps={layer_norm_eps}, batch_first={batch_first}, "
             f"norm_first={norm_first}, bias={bias})")
-    return Composite(_keyword_only(forward), name=name, **children)
+    return Composite(_keyword_only(forward), name=name, batch_axis=0 if batch_first else 1, **children)
 
 
 def _exact_gelu(x):
@@ -176,7 +176,7 @@ def TransformerEncoder(encoder_layer: Module, num_layers: int, norm: Module | No
         return output
 
     model = Composite(forward, name=f"{where}(layers={num_layers} x {encoder_layer.name}, norm={norm})",
-                      layers=ModuleList([encoder_layer] * num_layers), norm=norm)
+                      batch_axis=encoder_layer.batch_axis, layers=ModuleList([encoder_layer] * num_layers), norm=norm)
     return _clones(model, encoder_layer, num_layers)
 
 
@@ -272,7 +272,7 @@ def TransformerDecoderLayer(
     name = (f"{where}(d_model={d_model}, nhead={nhead}, dim_feedforward={dim_feedforward}, dropout={dropout}, "
             f"activation={_activation_name(activation, act)}, layer_norm_eps={layer_norm_eps}, "
             f"batch_first={batch_first}, norm_first={norm_first}, bias={bias})")
-    return Composite(forward, name=name, **children)
+    return Composite(forward, name=name, batch_axis=0 if batch_first else 1, **children)
 
 
 def TransformerDecoder(decoder_layer: Module, num_layers: int, norm: Module | None = None) -> Module:
@@ -307,7 +307,7 @@ def TransformerDecoder(decoder_layer: Module, num_layers: int, norm: Module | No
         return output
 
     model = Composite(forward, name=f"{where}(layers={num_layers} x {decoder_layer.name}, norm={norm})",
-                      layers=ModuleList([decoder_layer] * num_layers), norm=norm)
+                      batch_axis=decoder_layer.batch_axis, layers=ModuleList([decoder_layer] * num_layers), norm=norm)
     return _clones(model, decoder_layer, num_layers)
 
 
@@ -376,7 +376,8 @@ def Transformer(
                             memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
                             memory_is_causal=memory_is_causal)
 
-    model = Composite(forward, name=f"{where}(d_model={d_model}, nhead={nhead})", encoder=encoder, decoder=decoder)
+    model = Composite(forward, name=f"{where}(d_model={d_model}, nhead={nhead})", batch_axis=decoder.batch_axis,
+                      encoder=encoder, decoder=decoder)
 
     def init(key):
         # torch's _reset_parameters: xavier_uniform_ on every parameter with dim > 1
