@@ -56,7 +56,7 @@ from jax.sharding import PartitionSpec as P
 from funcnet import losses as _losses
 from funcnet import step as _step
 
-__all__ = ["AXES", "MEGATRON_ALL_REDUCES_PER_LAYER", "mesh", "pack_qkv", "unpack_qkv", "param_spec",
+__all__ = ["AXES", "MEGATRON_ALL_REDUCES_PER_LAYER", "mesh", "pack_qkv", "unpack_qkv", "regroup_qkv", "param_spec",
            "state_shardings", "make_tp_step", "collective_stats", "mlp_shard_map", "check_config"]
 
 AXES = ("data", "fsdp", "model")
@@ -103,7 +103,7 @@ def check_config(config, mesh: Mesh, vocab: str = "split") -> None:
                          f"pad the vocabulary (nanoGPT pads 50257 to 50304) or pass vocab='replicate'")
 
 
-def _regroup(a, groups_from: int, groups_to: int, n_head: int):
+def regroup_qkv(a, groups_from: int, groups_to: int, n_head: int):
     # rows (gf, 3, heads/gf, hs) -> (gt, 3, heads/gt, hs); via the head order (3, heads, hs)
     xp = jnp if isinstance(a, jax.Array) else np
     rows, rest = a.shape[0], a.shape[1:]
@@ -125,12 +125,12 @@ def pack_qkv(params: dict, groups: int, n_head: int, *, current: int = 1) -> dic
     """The GPT's params with ``c_attn``'s rows regrouped from ``current`` groups of [q, k, v]
     (1: nanoGPT's ``[q | k | v]``) into ``groups`` (for ``GPTConfig(qkv_groups=groups)``):
     the same function of the input, each device's contiguous slice holding its heads."""
-    return _map_c_attn(params, lambda a: _regroup(a, current, groups, n_head))
+    return _map_c_attn(params, lambda a: regroup_qkv(a, current, groups, n_head))
 
 
 def unpack_qkv(params: dict, groups: int, n_head: int) -> dict:
     """``pack_qkv``'s inverse: back to nanoGPT's ``[q | k | v]`` (to compare with one device or torch)."""
-    return _map_c_attn(params, lambda a: _regroup(a, groups, 1, n_head))
+    return _map_c_attn(params, lambda a: regroup_qkv(a, groups, 1, n_head))
 
 
 def _names(path) -> tuple:
