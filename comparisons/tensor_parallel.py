@@ -263,20 +263,22 @@ def _result(j, t, t_params, meshes) -> Result:
     checks.append(expect("TP 2 with the vocabulary split: Megatron's 4 per layer plus the embedding's and the "
                          "parallel cross entropy's", tp2 > 4 * L,
                          f"{tp2} all-reduces = {4 * L} in the blocks + {tp2 - 4 * L} for the split vocabulary"))
-    for name in meshes:
-        r = j["runs"][name]
-        measured, planned = r["arguments"] + r["temps"], r["plan"]["total"]
-        checks.append(expect(f"{name}: per-device bytes (arguments + temps) within 10% of the planner",
-                             abs(measured / planned - 1) <= 0.10,
-                             f"measured {measured:,}, planned {planned:,} ({measured / planned - 1:+.1%})"))
+    for name, (d, f, m) in meshes.items():
+        r, plan = j["runs"][name], j["runs"][name]["plan"]
+        state = plan["params"] + plan["optimizer"] + 2 * BATCH * CONFIG["block_size"] * 4 // (d * f)
+        checks.append(close(f"{name}: per-device arguments (params, Adam state, batch slice) == the planner's",
+                            r["arguments"], state, rtol=0.01, atol=0,
+                            why="the planner splits the same arrays by the same rules; Adam's step count and "
+                                "the small arrays it rounds are the rest"))
     rows = ["mesh             losses (first -> last)   all-reduce  all-gather  other  bytes moved  "
-            "per-device bytes  planned"]
+            "per-device bytes  planned  ratio"]
     for name, r in j["runs"].items():
         c = r["collectives"]
         other = sum(v["count"] for k, v in c.items() if k not in ("all-reduce", "all-gather"))
         rows.append(f"{name:15s}  {r['losses'][0]:.6f} -> {r['losses'][-1]:.6f}  {c['all-reduce']['count']:10d}  "
                     f"{c['all-gather']['count']:10d}  {other:5d}  {sum(v['bytes'] for v in c.values()):11,}  "
-                    f"{r['arguments'] + r['temps']:16,}  {r['plan']['total']:7,}")
+                    f"{r['arguments'] + r['temps']:16,}  {r['plan']['total']:9,}  "
+                    f"{(r['arguments'] + r['temps']) / r['plan']['total']:.2f}")
     j_out = "\n".join([f"GPT {CONFIG}, Adam lr {LR}, {STEPS} steps, batch {BATCH}; mesh (data, fsdp, model)", *rows,
                        "Megatron's count (TP 2, embedding replicated): " + ", ".join(
                            f"{n} layer(s): {c['all-reduce']['count']} all-reduces of {c['all-reduce']['bytes']:,} "
@@ -284,7 +286,12 @@ def _result(j, t, t_params, meshes) -> Result:
     t_out = (f"parallelize_module on {L} blocks (Colwise c_attn, c_fc; Rowwise c_proj x2), {WORLD} processes "
              f"(gloo, cpu mesh), the whole batch on each\nloss: {t['losses'][0]:.6f} -> {t['losses'][-1]:.6f}\n"
              f"rank 0 holds {t['param_bytes']:,} bytes of params (blocks split, embeddings and LayerNorms whole)")
-    notes = ("Every DTensor piece used here runs on gloo (the Colwise/Rowwise hooks' all-reduce). Simulated CPU "
+    notes = ("Per-device bytes are XLA's arguments + temps of the compiled step; the planner's total counts params, "
+             "gradients, Adam state and Korthikanti's activations. The state is exact (the checks); the temps are "
+             "not a sum of live tensors: without remat JAX keeps about 2x the paper's activation list (the GELU's "
+             "erf terms, the masked scores, LayerNorm's centred input), XLA fuses gradients into Adam's update on "
+             "one device, and XLA:CPU all-reduces then slices the FSDP gradients instead of a reduce-scatter. "
+             "Every DTensor piece used here runs on gloo (the Colwise/Rowwise hooks' all-reduce). Simulated CPU "
              "devices share the host's cores: the timings are no speed comparison. The FSDP x TP mesh adds the "
              "FSDP all-gathers (and on XLA:CPU all-to-alls for resharding the split embedding's gradient).")
     return Result(
