@@ -63,3 +63,20 @@ def test_bad_layouts_and_sizes_are_refused():
     assert parse_bytes("80GB") == 80 * 10**9 and parse_bytes("16GiB") == 16 * 2**30
     with pytest.raises(ValueError, match="80 gigs"):
         parse_bytes("80 gigs")
+
+
+def test_cli_prints_a_layout_and_whether_it_fits(capsys):
+    from funcnet.cli import memory as memory_command
+
+    seven = ["--transformer", "--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000", "--seq",
+             "2048", "--batch", "8", "--precision", "bf16"]
+    assert memory_command.main(seven + ["--fsdp", "4", "--tp", "2", "--remat", "selective",
+                                        "--device-memory", "80GB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    plan = ml.plan(SEVEN_B._replace(dropout=True), ml.Layout(1, 4, 2, remat="selective", precision="bf16"))
+    assert f"fits: {plan.total / 1e9:.1f} GB of 80 GB per device on 8 devices" in out
+    assert memory_command.main(seven + ["--layouts", "8", "--device-memory", "80GB"]) == 0
+    assert "smallest fitting layout: dp4 x fsdp2 x tp1" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        memory_command.main(["--params", "7B", "--tp", "2"])
+    assert "need --transformer" in capsys.readouterr().err
