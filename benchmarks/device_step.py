@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from funcnet import gpt, step as fstep, tensor_parallel as tp
+from funcnet import gpt
+from funcnet import step as fstep
+from funcnet import tensor_parallel as tp
 from funcnet.memory import layout
 
 # dense bf16 peak FLOP/s per device, by jax's device_kind (vendor data sheets)

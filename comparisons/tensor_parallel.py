@@ -31,14 +31,14 @@ import numpy as np
 from comparisons._core import Options, Result, Side, close, equal, expect, source
 from comparisons.fsdp import _flat, _free_port
 
-__all__ = ["TITLE", "run", "CONFIG", "MESHES"]
+__all__ = ["CONFIG", "MESHES", "TITLE", "run"]
 
 TITLE = "Tensor parallelism: torch parallelize_module (DTensor, 2 gloo processes) vs Megatron's rules as shardings"
 
 WORLD = 2  # torch processes: the tensor-parallel degree on the torch side
 MESHES = {"TP 2": (1, 1, 2), "TP 4": (1, 1, 4), "FSDP 2 x TP 2": (1, 2, 2)}  # (data, fsdp, model)
 STEPS, BATCH, LR = 3, 8, 1e-3
-CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=64, dropout=0.0)
+CONFIG = {"block_size": 16, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.0}
 
 
 # ----------------------------------------------------------------------------- torch
@@ -49,7 +49,11 @@ def tp_worker(rank, world, port, workdir):
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     from comparisons.gpt import TorchGPT
     from funcnet.gpt import GPTConfig
@@ -85,7 +89,7 @@ def tp_worker(rank, world, port, workdir):
         optimizer.step()
         losses.append(loss.item())
     seconds = time.perf_counter() - start
-    local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t
     param_bytes = sum(local(p).numel() * p.element_size() for p in model.parameters())
     full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in model.state_dict().items()}
     if rank == 0:
@@ -100,7 +104,9 @@ def jax_tp(params, xs, ys, meshes=MESHES):
     import optax
 
     import funcnet
-    from funcnet import gpt, step as fstep, tensor_parallel as tp
+    from funcnet import gpt
+    from funcnet import step as fstep
+    from funcnet import tensor_parallel as tp
     from funcnet.memory import layout
 
     cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
@@ -270,8 +276,8 @@ def _result(j, t, t_params, meshes) -> Result:
                             r["arguments"], state, rtol=0.01, atol=0,
                             why="the planner splits the same arrays by the same rules; Adam's step count and "
                                 "the small arrays it rounds are the rest"))
-    rows = ["mesh             losses (first -> last)   all-reduce  all-gather  other  bytes moved  "
-            "per-device bytes  planned  ratio"]
+    rows = [("mesh             losses (first -> last)   all-reduce  all-gather  other  bytes moved  "
+            "per-device bytes  planned  ratio")]
     for name, r in j["runs"].items():
         c = r["collectives"]
         other = sum(v["count"] for k, v in c.items() if k not in ("all-reduce", "all-gather"))

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,8 +57,20 @@ from jax.sharding import PartitionSpec as P
 from funcnet import losses as _losses
 from funcnet import step as _step
 
-__all__ = ["AXES", "MEGATRON_ALL_REDUCES_PER_LAYER", "mesh", "pack_qkv", "unpack_qkv", "regroup_qkv", "param_spec",
-           "state_shardings", "make_tp_step", "collective_stats", "mlp_shard_map", "check_config"]
+__all__ = [
+    "AXES",
+    "MEGATRON_ALL_REDUCES_PER_LAYER",
+    "check_config",
+    "collective_stats",
+    "make_tp_step",
+    "mesh",
+    "mlp_shard_map",
+    "pack_qkv",
+    "param_spec",
+    "regroup_qkv",
+    "state_shardings",
+    "unpack_qkv",
+]
 
 AXES = ("data", "fsdp", "model")
 MEGATRON_ALL_REDUCES_PER_LAYER = 4  # 2 forward (after attn.c_proj, mlp.c_proj), 2 backward (Megatron's f)
@@ -70,7 +83,7 @@ def mesh(data: int = 1, fsdp: int = 1, model: int = 1, devices=None) -> Mesh:
     """A ``(data, fsdp, model)`` mesh of the first ``data * fsdp * model`` devices; ``model``
     is the innermost axis (neighbouring devices: on GPUs the NVLink-connected ones)."""
     devices = jax.devices() if devices is None else list(devices)
-    sizes = dict(data=data, fsdp=fsdp, model=model)
+    sizes = {"data": data, "fsdp": fsdp, "model": model}
     for name, n in sizes.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tensor_parallel.mesh: {name} must be a positive int, got {n!r}")
@@ -142,8 +155,8 @@ def param_spec(names: tuple, shape: tuple, mesh: Mesh, *, vocab: str = "split") 
     ``("transformer", "h", "0", "attn", "c_attn", "weight")``; optimizer-state paths end the
     same way) with ``shape``, by the rules in the module docstring."""
     f = _axis_size(mesh, "fsdp")
-    fs = lambda d: "fsdp" if f > 1 and d % f == 0 else None  # noqa: E731 (fsdp shards where it divides)
-    owner, leaf = names[-3:-1], names[-1] if names else None
+    fs = lambda d: "fsdp" if f > 1 and d % f == 0 else None
+    owner = names[-3:-1]
     if len(shape) == 2 and owner in _COLUMN:
         return P("model", fs(shape[1]))
     if len(shape) == 1 and owner in _COLUMN:
@@ -154,7 +167,6 @@ def param_spec(names: tuple, shape: tuple, mesh: Mesh, *, vocab: str = "split") 
         return P("model", fs(shape[1])) if vocab == "split" else P(fs(shape[0]), None)
     if len(shape) == 2 and names[-2:] == ("wpe", "weight"):
         return P(None, fs(shape[1]))
-    del leaf
     return P()  # LayerNorms, row-parallel biases, step counters
 
 
@@ -165,7 +177,7 @@ def state_shardings(state: _step.TrainState, mesh: Mesh, *, vocab: str = "split"
             lambda path, a: NamedSharding(mesh, param_spec(_names(path), tuple(a.shape), mesh, vocab=vocab)), tree)
 
     replicated = NamedSharding(mesh, P())
-    rep = lambda tree: jax.tree.map(lambda _: replicated, tree)  # noqa: E731
+    rep = lambda tree: jax.tree.map(lambda _: replicated, tree)
     return state._replace(params=by_rule(state.params), opt_state=by_rule(state.opt_state), step=replicated,
                           key=replicated, loss_scale=rep(state.loss_scale), model_state=rep(state.model_state))
 

@@ -7,7 +7,8 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import gpt, step as fstep
+from funcnet import gpt
+from funcnet import step as fstep
 from funcnet import tensor_parallel as tp
 
 CFG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=4, n_embd=32)
@@ -15,7 +16,7 @@ STEPS, BATCH = 2, 4
 # float32: the sharded matmuls sum their K axis in other orders (about 1e-7 relative), and
 # Adam's first step is lr * g / |g| for every entry, which turns the rounding of a near-zero
 # gradient into up to lr of difference: atol 1e-5 is 1% of lr = 1e-3
-TOL = dict(rtol=1e-4, atol=1e-5)
+TOL = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _batches():

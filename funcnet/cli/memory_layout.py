@@ -30,7 +30,7 @@ def _shape(args) -> _layout.Shape:
 
 
 def _row(plan, memory) -> list[str]:
-    gb = lambda v: f"{v / 1e9:,.2f}"  # noqa: E731
+    gb = lambda v: f"{v / 1e9:,.2f}"
     fits = "-" if plan.fits is None else ("yes" if plan.fits else "no")
     lay = plan.layout
     return [str(lay.dp), str(lay.fsdp), str(lay.tp), "yes" if lay.sp else "-", lay.remat, gb(plan.params), gb(plan.grads), gb(plan.master), gb(plan.optimizer),
@@ -43,7 +43,7 @@ def print_layout(args) -> int:
 
     shape = _shape(args)
     memory = None if args.device_memory is None else parse_bytes(args.device_memory)
-    common = dict(precision=args.precision, optimizer=args.optimizer)
+    common = {"precision": args.precision, "optimizer": args.optimizer}
     title = (f"per device (GB): {shape.n_layer} layers, hidden {shape.n_embd}, {shape.n_head} heads, vocab "
              f"{shape.vocab_size}, seq {shape.block_size}, global batch {shape.batch}, {args.optimizer}, "
              f"{args.precision}" + ("" if memory is None else f", {memory / 1e9:g} GB per device"))

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 from funcnet.memory.estimate import OPTIMIZER_SLOTS, PRECISIONS, dtype_bytes
 
-__all__ = ["Shape", "Layout", "Plan", "plan", "layouts", "smallest_fitting", "REMAT"]
+__all__ = ["REMAT", "Layout", "Plan", "Shape", "layouts", "plan", "smallest_fitting"]
 
 REMAT = ("none", "selective", "full")
 
@@ -136,10 +136,10 @@ def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None =
     state_b = master_b or pb
     n = _param_count(shape, layout)
     act_b = 2 if layout.precision in ("bf16", "fp16") else 4
-    parts = dict(params=n * pb, grads=n * pb, master=n * master_b,
-                 optimizer=n * OPTIMIZER_SLOTS[layout.optimizer] * state_b,
-                 activations=_activations(shape, layout, act_b))
-    parts = {k: int(round(v)) for k, v in parts.items()}
+    parts = {"params": n * pb, "grads": n * pb, "master": n * master_b,
+                 "optimizer": n * OPTIMIZER_SLOTS[layout.optimizer] * state_b,
+                 "activations": _activations(shape, layout, act_b)}
+    parts = {k: round(v) for k, v in parts.items()}
     total = sum(parts.values())
     fits = None if device_memory is None else total <= device_memory
     return Plan(**parts, total=total, fits=fits, layout=layout)
