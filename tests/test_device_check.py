@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -17,6 +19,7 @@ def test_device_check_exits_cleanly_without_an_accelerator():
     assert done.stdout.strip() == "device_check: no GPU or TPU here (JAX's backend is cpu); nothing to check"
 
 
+@pytest.mark.slow
 def test_device_step_runs_its_tiny_model_on_cpu():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
