@@ -124,5 +124,7 @@ def test_bad_layouts_are_refused_with_the_fix():
         tp.check_config(CFG._replace(n_head=4, qkv_groups=1), tp.mesh(1, 1, 8))
     with pytest.raises(ValueError, match="vocab='replicate'"):
         tp.check_config(CFG._replace(vocab_size=33, qkv_groups=2), m)
+    with pytest.raises(ValueError, match="qkv_groups=3 must divide n_head=4"):
+        gpt.GPT(CFG._replace(qkv_groups=3))
     with pytest.raises(ValueError, match="16 devices"):
         tp.mesh(2, 2, 4)
