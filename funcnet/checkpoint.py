@@ -8,14 +8,13 @@ structure of ``template``. torch counterpart: ``torch.save({"model": m.state_dic
 
 Resuming a run exactly::
 
-    fit(..., on_epoch=lambda st, rec: save(d, st, step=int(st.step)))   # after each epoch
-    state = restore(d, create_train_state(model, tx, jax.random.key(0)))
-    fit(..., state=state, start=Position(epoch=epochs_done))            # same bits as uninterrupted
+    fit(..., callbacks=[callbacks.ModelCheckpoint(d, every_steps=100)])   # epochs and every 100 steps
+    state, start = callbacks.resume(d, create_train_state(model, tx, jax.random.key(0)))
+    fit(..., state=state, start=start)                                     # same bits as uninterrupted
 
 Everything random derives from ``state.key``, which is saved, so the rest of the run
 draws the same shuffles and dropout masks. ``funcnet train --checkpoint-dir D --resume``
-does this, and also checkpoints inside epochs (``fit(every_steps=, on_steps=)``; the
-``Position`` travels in the metadata).
+does this too (the ``Position`` inside an epoch travels in the metadata).
 
 Guarantees:
 
