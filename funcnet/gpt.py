@@ -41,7 +41,10 @@ class GPTConfig(NamedTuple):
     """nanoGPT's ``GPTConfig``: ``block_size`` (longest context), ``vocab_size``, ``n_layer``,
     ``n_head``, ``n_embd`` (``n_embd % n_head == 0``), ``dropout`` (one probability for
     embeddings, attention weights and residual branches), ``bias`` (biases in Linears and
-    LayerNorms)."""
+    LayerNorms), ``qkv_groups`` (how ``c_attn``'s 3C outputs are packed: g groups of
+    ``[q, k, v]`` for ``n_head / g`` heads each; 1 is nanoGPT's ``[q | k | v]``, g = the
+    tensor-parallel degree puts each device's heads in its contiguous slice, see
+    ``funcnet.tensor_parallel.pack_qkv``)."""
 
     block_size: int
     vocab_size: int
@@ -50,19 +53,22 @@ class GPTConfig(NamedTuple):
     n_embd: int
     dropout: float = 0.0
     bias: bool = True
+    qkv_groups: int = 1
 
 
 def _check_config(config) -> GPTConfig:
     if not isinstance(config, GPTConfig):
         raise TypeError(f"GPT: config must be a GPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, ...), "
                         f"got {type(config).__name__}")
-    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd"):
+    for name in ("block_size", "vocab_size", "n_layer", "n_head", "n_embd", "qkv_groups"):
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"GPTConfig: {name} must be a positive int, got {value!r}")
     if config.n_embd % config.n_head:
         raise ValueError(f"GPTConfig: n_embd={config.n_embd} must be divisible by n_head={config.n_head} (each "
                          f"head gets n_embd // n_head features); pick n_head among the divisors of {config.n_embd}")
+    if config.n_head % config.qkv_groups:
+        raise ValueError(f"GPTConfig: qkv_groups={config.qkv_groups} must divide n_head={config.n_head}")
     if not 0.0 <= config.dropout < 1.0:
         raise ValueError(f"GPTConfig: dropout is a drop probability in [0, 1), got {config.dropout!r}")
     return config
@@ -144,11 +150,12 @@ def CausalSelfAttention(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
     """nanoGPT's ``CausalSelfAttention``: x ``(B, T, C)`` -> ``(B, T, C)``; children ``c_attn``
     (C -> 3C, q/k/v packed in that order), ``c_proj`` (init std 0.02/sqrt(2 n_layer)),
     ``attn_dropout``, ``resid_dropout``."""
-    n_head, n_embd = config.n_head, config.n_embd
+    n_head, n_embd, g = config.n_head, config.n_embd, config.qkv_groups
 
     def forward(self, x):
         B, T, C = x.shape  # batch, sequence length, embedding dimensionality (n_embd)
-        q, k, v = jnp.split(self.c_attn(checkpoint_name(x, "attn_in")), 3, axis=2)
+        qkv = self.c_attn(checkpoint_name(x, "attn_in")).reshape(B, T, g, 3, C // g)  # g = 1: [q | k | v]
+        q, k, v = (qkv[:, :, :, i].reshape(B, T, C) for i in range(3))
         q = checkpoint_name(q.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "q")  # (B, nh, T, hs)
         k = checkpoint_name(k.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "k")
         v = checkpoint_name(v.reshape(B, T, n_head, C // n_head).transpose(0, 2, 1, 3), "v")
@@ -250,9 +257,10 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
         h=nn.ModuleList([Block(config, dtype=dtype) for _ in range(config.n_layer)]),
         ln_f=nn.LayerNorm(config.n_embd, bias=config.bias, dtype=dtype),
     ))
+    shown = [(k, v) for k, v in config._asdict().items() if k != "qkv_groups" or v != 1]
     remat_name = "" if remat is None else f", remat={remat if isinstance(remat, str) else 'policy'}"
     return nn.Composite(
-        forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in config._asdict().items())}{remat_name})",
+        forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in shown)}{remat_name})",
         transformer=transformer, lm_head=_linear(config.n_embd, config.vocab_size, False, dtype),
         tied={"lm_head.weight": "transformer.wte.weight"})
 

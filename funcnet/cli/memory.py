@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from funcnet.cli.parser import join_negative_values
 from funcnet.memory import (
@@ -92,10 +93,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default 4)")
     t.add_argument("--activation-dtype", default="bf16",
                    help="dtype of the kept activations (default bf16: the paper's 16-bit activations)")
-    t.add_argument("--recompute", default="none", choices=RECOMPUTE, help="activation recomputation (default none)")
+    t.add_argument("--recompute", "--remat", dest="recompute", default="none", choices=RECOMPUTE,
+                   help="activation recomputation (default none)")
     t.add_argument("--flash", action="store_true", help="attention that keeps no s x s scores (FlashAttention)")
     t.add_argument("--no-dropout", action="store_true", help="no dropout masks (nanoGPT's dropout=0)")
+    lay = parser.add_argument_group("parallel layout (per-device bytes; with --transformer)")
+    lay.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    lay.add_argument("--fsdp", type=int, default=1, help="FSDP / ZeRO-3 devices (default 1)")
+    lay.add_argument("--tp", type=int, default=1, help="tensor-parallel devices, Megatron's split (default 1)")
+    lay.add_argument("--sp", action="store_true", help="sequence parallelism in the LayerNorm/dropout regions")
+    lay.add_argument("--device-memory", help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits")
+    lay.add_argument("--layouts", type=int, metavar="N",
+                     help="list every dp x fsdp x tp layout of N devices (tp <= 8) and the smallest that fits")
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
+    if any(v is not None for v in (args.device_memory, args.layouts)) or (args.dp, args.fsdp, args.tp) != (1, 1, 1) \
+            or args.sp:
+        try:
+            if not args.transformer:
+                raise ValueError("--dp/--fsdp/--tp/--sp/--device-memory/--layouts need --transformer and its shapes")
+            from funcnet.cli.memory_layout import print_layout
+            return print_layout(args)
+        except (ValueError, TypeError) as e:
+            parser.error(str(e))
     grid = None
     try:
         sizes = _parse_sizes(args.sizes) if args.sizes else None

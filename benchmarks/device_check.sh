@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One prepared check for a machine with GPUs or TPUs (under 8 minutes on one GPU):
+#   1. the data_parallel, fsdp and tensor_parallel comparisons (torch's side on gloo/CPU, JAX on the devices);
+#   2. a bf16 GPT train step on 1 and N devices: tokens/s and model FLOPs utilisation against the device's
+#      bf16 peak; the memory planner against the device's measured peak (benchmarks/device_step.py).
+# Where JAX sees no GPU or TPU it says so in one line and exits 0 without running anything.
+# Usage: bash benchmarks/device_check.sh            (from anywhere; it cd's to the repository)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+backend=$(python -c "import jax; print(jax.default_backend())" 2>/dev/null || echo "none (jax did not start)")
+case "$backend" in
+  gpu|cuda|rocm|tpu) ;;
+  *) echo "device_check: no GPU or TPU here (JAX's backend is ${backend}); nothing to check"; exit 0 ;;
+esac
+echo "device_check: backend ${backend}, $(python -c 'import jax; print(len(jax.devices()), jax.devices()[0].device_kind)')"
+status=0
+timeout 300 python -m comparisons data_parallel fsdp tensor_parallel || status=1
+timeout 150 python benchmarks/device_step.py || status=1
+echo "device_check: $([ $status = 0 ] && echo passed || echo FAILED)"
+exit $status

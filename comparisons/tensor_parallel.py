@@ -1,0 +1,314 @@
+"""Tensor parallelism (Megatron): torch ``parallelize_module`` on DTensor (2 gloo processes) against shardings.
+
+torch: each ``Block``'s ``attn.c_attn`` and ``mlp.c_fc`` get ``ColwiseParallel()``, its
+``attn.c_proj`` and ``mlp.c_proj`` ``RowwiseParallel()`` (``parallelize_module`` over a 1-D
+cpu mesh, 2 processes on 127.0.0.1 with gloo, each with the whole batch); the attention's
+forward is told its local head count, as torch's TP tutorial does. JAX:
+``funcnet.tensor_parallel.make_tp_step``: the same ``funcnet.make_step``, the params placed
+by Megatron's rules on a ``(data, fsdp, model)`` mesh and jit-ed; XLA inserts the
+all-reduces Megatron writes by hand. Both pack ``c_attn``'s outputs per device
+(``tensor_parallel.pack_qkv``) so each device's slice holds whole heads.
+
+The same GPT from the same weights takes the same Adam steps on one device, with TP on 2
+and 4 devices, on a 2 x 2 FSDP x TP mesh, and in torch. The compiled HLO's collectives
+are counted against Megatron's 2 all-reduces per layer forward and 2 backward, and each
+mesh's per-device bytes (XLA's memory analysis) against ``funcnet.memory.layout.plan``.
+The JAX part needs 4 devices; with fewer it runs in a child process with simulated ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from comparisons._core import Options, Result, Side, close, equal, expect, source
+from comparisons.fsdp import _flat, _free_port
+
+__all__ = ["CONFIG", "MESHES", "TITLE", "run"]
+
+TITLE = "Tensor parallelism: torch parallelize_module (DTensor, 2 gloo processes) vs Megatron's rules as shardings"
+
+WORLD = 2  # torch processes: the tensor-parallel degree on the torch side
+MESHES = {"TP 2": (1, 1, 2), "TP 4": (1, 1, 4), "FSDP 2 x TP 2": (1, 2, 2)}  # (data, fsdp, model)
+STEPS, BATCH, LR = 3, 8, 1e-3
+CONFIG = {"block_size": 16, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_embd": 64, "dropout": 0.0}
+
+
+# ----------------------------------------------------------------------------- torch
+def tp_worker(rank, world, port, workdir):
+    import types
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from comparisons.gpt import TorchGPT
+    from funcnet.gpt import GPTConfig
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = TorchGPT(GPTConfig(**CONFIG))
+    model.load_state_dict(torch.load(f"{workdir}/init_packed.pt"))  # c_attn rows packed per rank
+
+    def local_attention(self, x):  # nanoGPT's forward with the local heads (the TP tutorial's n_heads //= tp)
+        B, T, _ = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # this rank's q, k, v: its heads
+        hs = self.n_embd // self.n_head
+        q, k, v = (t.view(B, T, self.n_head, hs).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, self.n_embd))  # all-reduce inside
+
+    for block in model.transformer.h:
+        parallelize_module(block, mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                         "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+        block.attn.n_head //= world
+        block.attn.n_embd //= world
+        block.attn.forward = types.MethodType(local_attention, block.attn)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, foreach=False)  # DTensor and plain tensors mixed
+    xs, ys = torch.load(f"{workdir}/batches.pt")
+    losses, start = [], time.perf_counter()
+    for x, y in zip(xs, ys):  # every rank: the whole batch
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    seconds = time.perf_counter() - start
+    local = lambda t: t.to_local() if hasattr(t, "to_local") else t
+    param_bytes = sum(local(p).numel() * p.element_size() for p in model.parameters())
+    full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save({"state_dict": full, "losses": losses, "seconds": seconds, "param_bytes": param_bytes},
+                   f"{workdir}/tp.pt")
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- JAX
+def jax_tp(params, xs, ys, meshes=MESHES):
+    import jax
+    import optax
+
+    import funcnet
+    from funcnet import gpt
+    from funcnet import step as fstep
+    from funcnet import tensor_parallel as tp
+    from funcnet.memory import layout
+
+    cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
+    shape = layout.Shape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, BATCH)
+    batch = (jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype), jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
+    out = {"runs": {}}
+    for name, (d, f, m) in {"one device": (1, 1, 1), **meshes}.items():
+        model = gpt.GPT(cfg._replace(qkv_groups=m))
+        fresh = tp.pack_qkv(jax.tree.map(jax.numpy.array, params), m, cfg.n_head)
+        state = fstep.create_train_state(model, tx, jax.random.key(0), params=fresh)
+        step = tp.make_tp_step(model, tx, mesh=tp.mesh(d, f, m), state=state, config=model_config(cfg, m))
+        state = jax.device_put(state, step.shardings)
+        compiled = step.lower(state, batch).compile()
+        stats = compiled.memory_analysis()
+        losses, start = [], time.perf_counter()
+        for x, y in zip(xs, ys):
+            state, metrics = step(state, jax.device_put((x, y), step.batch_sharding))
+            losses.append(metrics["loss"])
+        jax.block_until_ready(state)
+        plan = layout.plan(shape, layout.Layout(d, f, m))
+        out["runs"][name] = {
+            "losses": [float(v) for v in losses], "seconds": time.perf_counter() - start,
+            "params": {k: np.asarray(v) for k, v in funcnet.state_dict(tp.unpack_qkv(state.params, m, cfg.n_head)).items()},
+            "collectives": tp.collective_stats(compiled), "arguments": int(stats.argument_size_in_bytes),
+            "temps": int(stats.temp_size_in_bytes), "plan": plan.as_dict()}
+    # Megatron's count, alone: TP 2 with the embedding replicated (1 layer: tests/test_tensor_parallel.py)
+    out["megatron"] = {}
+    for n_layer in (cfg.n_layer,):
+        c = cfg._replace(n_layer=n_layer, qkv_groups=2)
+        model = gpt.GPT(c)
+        abstract = jax.eval_shape(lambda: fstep.create_train_state(model, tx, jax.random.key(0)))  # noqa: B023
+        step = tp.make_tp_step(model, tx, mesh=tp.mesh(1, 1, 2), state=abstract, vocab="replicate")
+        out["megatron"][n_layer] = tp.collective_stats(step.lower(abstract, batch).compile())
+    return out
+
+
+def model_config(cfg, m):
+    return cfg._replace(qkv_groups=m)
+
+
+def _jax_in_child(workdir: Path) -> dict:
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
+    done = subprocess.run([sys.executable, "-m", "comparisons.tensor_parallel", str(workdir)], env=env,
+                          capture_output=True, text=True, timeout=1200, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    return _load(workdir / "jax.json")
+
+
+def _dump(out: dict, path: Path) -> None:
+    for run in out["runs"].values():
+        run["params"] = {k: v.tolist() for k, v in run["params"].items()}
+    path.write_text(json.dumps(out))
+
+
+def _load(path: Path) -> dict:
+    out = json.loads(path.read_text())
+    out["megatron"] = {int(k): v for k, v in out["megatron"].items()}
+    for run in out["runs"].values():
+        run["params"] = {k: np.asarray(v, np.float32) for k, v in run["params"].items()}
+    return out
+
+
+def _child_main(workdir: str) -> None:
+    import jax
+
+    import funcnet
+    from funcnet import gpt
+
+    inputs = np.load(Path(workdir) / "jax_inputs.npz")
+    meshes = json.loads((Path(workdir) / "meshes.json").read_text())
+    params = funcnet.load_state_dict(gpt.GPT(gpt.GPTConfig(**CONFIG)).init(jax.random.key(0)),
+                                     {k[2:]: inputs[k] for k in inputs.files if k.startswith("p:")})
+    _dump(jax_tp(params, inputs["xs"], inputs["ys"], {k: tuple(v) for k, v in meshes.items()}),
+          Path(workdir) / "jax.json")
+
+
+def _packed(sd: dict, groups: int, n_head: int, unpack: bool = False) -> dict:
+    from funcnet.tensor_parallel import regroup_qkv
+
+    frm, to = (groups, 1) if unpack else (1, groups)
+    return {k: (regroup_qkv(v, frm, to, n_head) if ".attn.c_attn." in k else v) for k, v in sd.items()}
+
+
+# ----------------------------------------------------------------------------- both
+def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
+    """meshes: fewer meshes for a quicker run (the tests); "TP 2" must be among them."""
+    import jax
+    import torch
+    import torch.multiprocessing as mp
+
+    import funcnet
+    from comparisons.gpt import TorchGPT
+    from funcnet import gpt
+
+    if opts.dtype != "float32":
+        raise ValueError("the tensor_parallel comparison runs in float32 (gloo and the simulated devices)")
+    torch.manual_seed(0)
+    net = TorchGPT(gpt.GPTConfig(**CONFIG))
+    sd = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    rng = np.random.default_rng(0)
+    xs = rng.integers(0, CONFIG["vocab_size"], size=(STEPS, BATCH, CONFIG["block_size"])).astype(np.int32)
+    ys = rng.integers(0, CONFIG["vocab_size"], size=(STEPS, BATCH, CONFIG["block_size"])).astype(np.int32)
+    init = funcnet.load_state_dict(gpt.GPT(gpt.GPTConfig(**CONFIG)).init(jax.random.key(0)),
+                                   {k: v.numpy() for k, v in sd.items()})
+    init["transformer"]["wte"]["weight"] = init["transformer"]["wte"]["weight"].at[0, 0].add(opts.perturb)
+    n_devices = max(d * f * m for d, f, m in meshes.values())
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        packed = _packed({k: v.numpy() for k, v in sd.items()}, WORLD, CONFIG["n_head"])
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in packed.items()},
+                   workdir / "init_packed.pt")
+        torch.save((torch.from_numpy(xs).long(), torch.from_numpy(ys).long()), workdir / "batches.pt")
+        ctx = mp.spawn(tp_worker, args=(WORLD, _free_port(), str(workdir)), nprocs=WORLD, join=False)
+        if jax.device_count() >= n_devices:
+            j = jax_tp(init, xs, ys, meshes)
+        else:
+            np.savez(workdir / "jax_inputs.npz", xs=xs, ys=ys,
+                     **{"p:" + k: np.asarray(v) for k, v in funcnet.state_dict(init).items()})
+            (workdir / "meshes.json").write_text(json.dumps(meshes))
+            j = _jax_in_child(workdir)
+        deadline = time.monotonic() + 300
+        while not ctx.join(timeout=10):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError("the torch tensor-parallel processes did not finish within 300 s")
+        t = torch.load(workdir / "tp.pt")
+    t_params = _packed({k: v.numpy() for k, v in t["state_dict"].items()}, WORLD, CONFIG["n_head"], unpack=True)
+    return _result(j, t, t_params, meshes)
+
+
+def _result(j, t, t_params, meshes) -> Result:
+    one, L = j["runs"]["one device"], CONFIG["n_layer"]
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    why = (f"{STEPS} Adam steps; the split matmuls sum in other orders, and Adam's first steps are lr x sign "
+           f"for near-zero gradients, turning their float32 rounding into up to 1% of lr")
+    checks = []
+    for name in meshes:
+        r = j["runs"][name]
+        checks += [close(f"{name}: losses == one device", r["losses"], one["losses"], rtol=1e-5, atol=1e-6,
+                         why="the same batch; only the order of the split sums differs"),
+                   close(f"{name}: final params == one device", _flat(r["params"]), _flat(one["params"]), **tol,
+                         why=why)]
+    checks += [
+        close("losses per step: JAX TP 2 == torch parallelize_module (2 processes)", j["runs"]["TP 2"]["losses"],
+              t["losses"], rtol=1e-5, atol=1e-5, why="same weights and batches; float32 rounding"),
+        close("final params: JAX TP 2 == torch DTensor (full_tensor)", _flat(j["runs"]["TP 2"]["params"]),
+              _flat({k: t_params[k] for k in j["runs"]["TP 2"]["params"]}), **tol, why=why),
+    ]
+    meg = j["megatron"]
+    for n_layer, c in meg.items():
+        others = {k: v["count"] for k, v in c.items() if k != "all-reduce" and v["count"]}
+        checks.append(equal(f"TP 2, {n_layer} layer(s), embedding replicated: all-reduces in the HLO == Megatron's "
+                            f"2 forward + 2 backward per layer", (c["all-reduce"]["count"], others),
+                            (4 * n_layer, {}), why="no other collective: the blocks' inputs and outputs are whole"))
+    tp2 = j["runs"]["TP 2"]["collectives"]["all-reduce"]["count"]
+    checks.append(expect("TP 2 with the vocabulary split: Megatron's 4 per layer plus the embedding's and the "
+                         "parallel cross entropy's", tp2 > 4 * L,
+                         f"{tp2} all-reduces = {4 * L} in the blocks + {tp2 - 4 * L} for the split vocabulary"))
+    for name, (d, f, m) in meshes.items():
+        r, plan = j["runs"][name], j["runs"][name]["plan"]
+        state = plan["params"] + plan["optimizer"] + 2 * BATCH * CONFIG["block_size"] * 4 // (d * f)
+        checks.append(close(f"{name}: per-device arguments (params, Adam state, batch slice) == the planner's",
+                            r["arguments"], state, rtol=0.01, atol=0,
+                            why="the planner splits the same arrays by the same rules; Adam's step count and "
+                                "the small arrays it rounds are the rest"))
+    rows = [("mesh             losses (first -> last)   all-reduce  all-gather  other  bytes moved  "
+            "per-device bytes  planned  ratio")]
+    for name, r in j["runs"].items():
+        c = r["collectives"]
+        other = sum(v["count"] for k, v in c.items() if k not in ("all-reduce", "all-gather"))
+        rows.append(f"{name:15s}  {r['losses'][0]:.6f} -> {r['losses'][-1]:.6f}  {c['all-reduce']['count']:10d}  "
+                    f"{c['all-gather']['count']:10d}  {other:5d}  {sum(v['bytes'] for v in c.values()):11,}  "
+                    f"{r['arguments'] + r['temps']:16,}  {r['plan']['total']:9,}  "
+                    f"{(r['arguments'] + r['temps']) / r['plan']['total']:.2f}")
+    j_out = "\n".join([f"GPT {CONFIG}, Adam lr {LR}, {STEPS} steps, batch {BATCH}; mesh (data, fsdp, model)", *rows,
+                       "Megatron's count (TP 2, embedding replicated): " + ", ".join(
+                           f"{n} layer(s): {c['all-reduce']['count']} all-reduces of {c['all-reduce']['bytes']:,} "
+                           f"bytes" for n, c in meg.items())])
+    t_out = (f"parallelize_module on {L} blocks (Colwise c_attn, c_fc; Rowwise c_proj x2), {WORLD} processes "
+             f"(gloo, cpu mesh), the whole batch on each\nloss: {t['losses'][0]:.6f} -> {t['losses'][-1]:.6f}\n"
+             f"rank 0 holds {t['param_bytes']:,} bytes of params (blocks split, embeddings and LayerNorms whole)")
+    notes = ("Per-device bytes are XLA's arguments + temps of the compiled step; the planner's total counts params, "
+             "gradients, Adam state and Korthikanti's activations. The state is exact (the checks); the temps are "
+             "not a sum of live tensors: without remat JAX keeps about 2x the paper's activation list (the GELU's "
+             "erf terms, the masked scores, LayerNorm's centred input), XLA fuses gradients into Adam's update on "
+             "one device, and XLA:CPU all-reduces then slices the FSDP gradients instead of a reduce-scatter. "
+             "Every DTensor piece used here runs on gloo (the Colwise/Rowwise hooks' all-reduce). Simulated CPU "
+             "devices share the host's cores: the timings are no speed comparison. The FSDP x TP mesh adds the "
+             "FSDP all-gathers (and on XLA:CPU all-to-alls for resharding the split embedding's gradient).")
+    return Result(
+        name="tensor_parallel", title=TITLE,
+        torch=Side(source(tp_worker), t_out, steady_seconds=t["seconds"]),
+        jax=Side(source(jax_tp), j_out, steady_seconds=j["runs"]["TP 2"]["seconds"]),
+        checks=checks, notes=notes,
+        series={"loss per step": {"torch DTensor TP 2": t["losses"],
+                                  **{f"JAX {n}": r["losses"] for n, r in j["runs"].items()}}},
+    )
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1])

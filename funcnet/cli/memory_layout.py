@@ -1,0 +1,74 @@
+"""``funcnet memory --transformer ... --dp/--fsdp/--tp/--sp/--device-memory/--layouts``: per-device bytes of a layout."""
+
+from __future__ import annotations
+
+import re
+
+from funcnet.memory import layout as _layout
+
+__all__ = ["parse_bytes", "print_layout"]
+
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GB"`` -> 80e9, ``"16GiB"`` -> 16 * 2**30, ``"141e9"`` -> 141e9."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]i?)?[bB]?\s*", str(text))
+    if m is None:
+        raise ValueError(f"--device-memory {text!r}: expected a size such as 80GB, 141GB or 16GiB")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+
+
+def _shape(args) -> _layout.Shape:
+    for k in ("layers", "hidden", "heads", "seq", "batch"):
+        if getattr(args, k) is None or getattr(args, k) <= 0:
+            raise ValueError(f"--transformer with a layout needs a positive --{k}")
+    if args.vocab <= 0:
+        raise ValueError("--transformer with a layout needs --vocab (the embedding is split or replicated by it)")
+    return _layout.Shape(args.layers, args.hidden, args.heads, args.vocab, args.seq, args.batch, args.mlp_ratio,
+                         dropout=not args.no_dropout)
+
+
+def _row(plan, memory) -> list[str]:
+    gb = lambda v: f"{v / 1e9:,.2f}"
+    fits = "-" if plan.fits is None else ("yes" if plan.fits else "no")
+    lay = plan.layout
+    return [str(lay.dp), str(lay.fsdp), str(lay.tp), "yes" if lay.sp else "-", lay.remat, gb(plan.params), gb(plan.grads), gb(plan.master), gb(plan.optimizer),
+            gb(plan.activations), gb(plan.total), fits]
+
+
+def print_layout(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    shape = _shape(args)
+    memory = None if args.device_memory is None else parse_bytes(args.device_memory)
+    common = {"precision": args.precision, "optimizer": args.optimizer}
+    title = (f"per device (GB): {shape.n_layer} layers, hidden {shape.n_embd}, {shape.n_head} heads, vocab "
+             f"{shape.vocab_size}, seq {shape.block_size}, global batch {shape.batch}, {args.optimizer}, "
+             f"{args.precision}" + ("" if memory is None else f", {memory / 1e9:g} GB per device"))
+    table = Table(title=title)
+    for c in ("dp", "fsdp", "tp", "sp", "remat", "params", "grads", "master", "optimizer", "activations", "total", "fits"):
+        table.add_column(c, justify="left" if c == "remat" else "right")
+    console = Console()
+    if args.layouts:
+        lays = _layout.layouts(args.layouts, shape, sp=(False, True), **common)
+        if not lays:
+            raise ValueError(f"no layout of {args.layouts} devices splits the batch {shape.batch} and the "
+                             f"{shape.n_head} heads")
+        for lay in lays:
+            table.add_row(*_row(_layout.plan(shape, lay, device_memory=memory), memory))
+        console.print(table)
+        if memory is not None:
+            best = _layout.smallest_fitting(args.layouts, shape, memory, sp=(False, True), **common)
+            console.print("smallest fitting layout: " + (f"{best.layout} ({best.total / 1e9:.1f} GB per device)"
+                                                         if best else "none fits"))
+        return 0
+    lay = _layout.Layout(args.dp, args.fsdp, args.tp, args.sp, args.recompute, **common)
+    plan = _layout.plan(shape, lay, device_memory=memory)
+    table.add_row(*_row(plan, memory))
+    console.print(table)
+    if memory is not None:
+        console.print(f"{'fits' if plan.fits else 'does not fit'}: {plan.total / 1e9:.1f} GB of "
+                      f"{memory / 1e9:g} GB per device on {lay.devices} devices")
+    return 0

@@ -1,0 +1,130 @@
+"""funcnet.tensor_parallel: Megatron's rules as shardings; the oracle is the same GPT on one device
+(jax.grad of the unsharded step), and Megatron's hand count of the all-reduces."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from funcnet import gpt
+from funcnet import step as fstep
+from funcnet import tensor_parallel as tp
+
+CFG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=4, n_embd=32)
+STEPS, BATCH = 2, 4
+# float32: the sharded matmuls sum their K axis in other orders (about 1e-7 relative), and
+# Adam's first step is lr * g / |g| for every entry, which turns the rounding of a near-zero
+# gradient into up to lr of difference: atol 1e-5 is 1% of lr = 1e-3
+TOL = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    return rng.integers(0, CFG.vocab_size, size=(STEPS, 2, BATCH, CFG.block_size)).astype(np.int32)
+
+
+def _train(mesh_shape=None, vocab="split"):
+    """STEPS Adam steps from the same nanoGPT-packed init; returns losses, nanoGPT-packed params, compiled step."""
+    params = gpt.GPT(CFG).init(jax.random.key(0))
+    tx = optax.adam(1e-3)
+    batches = _batches()
+    if mesh_shape is None:
+        model = gpt.GPT(CFG)
+        step = fstep.make_step(model, tx, donate=False)
+        state = fstep.create_train_state(model, tx, jax.random.key(1), params=params)
+        compiled = None
+    else:
+        t = mesh_shape[2]
+        model = gpt.GPT(CFG._replace(qkv_groups=t))
+        state = fstep.create_train_state(model, tx, jax.random.key(1),
+                                         params=tp.pack_qkv(params, t, CFG.n_head))
+        step = tp.make_tp_step(model, tx, mesh=tp.mesh(*mesh_shape), state=state, vocab=vocab, donate=False)
+        state = jax.device_put(state, step.shardings)
+        compiled = step.lower(state, tuple(batches[0])).compile()
+    losses = []
+    for x, y in batches:
+        state, metrics = step(state, (x, y))
+        losses.append(float(metrics["loss"]))
+    out = state.params if mesh_shape is None else tp.unpack_qkv(state.params, mesh_shape[2], CFG.n_head)
+    return losses, jax.tree.map(np.asarray, out), compiled
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    return _train()
+
+
+def _assert_same(run, reference):
+    np.testing.assert_allclose(run[0], reference[0], **TOL)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, **TOL), run[1], reference[1])
+
+
+def test_pack_qkv_is_the_same_function_and_unpack_inverts_it():
+    params = gpt.GPT(CFG).init(jax.random.key(0))
+    packed = tp.pack_qkv(params, 2, CFG.n_head)
+    w, wp = (p["transformer"]["h"]["0"]["attn"]["c_attn"]["weight"] for p in (params, packed))
+    assert not np.array_equal(w, wp)  # the rows moved
+    idx = jnp.arange(16).reshape(2, 8) % CFG.vocab_size
+    np.testing.assert_allclose(gpt.GPT(CFG._replace(qkv_groups=2)).apply(packed, idx), gpt.GPT(CFG).apply(params, idx),
+                               rtol=1e-6, atol=1e-6)
+    jax.tree.map(np.testing.assert_array_equal, tp.unpack_qkv(packed, 2, CFG.n_head), params)
+
+
+def test_tp2_trains_as_one_device_with_megatrons_all_reduces(one_device):
+    run = _train((1, 1, 2), vocab="replicate")
+    _assert_same(run, one_device)
+    stats = tp.collective_stats(run[2])
+    # vocab replicated: only the blocks communicate, 2 all-reduces forward + 2 backward per layer
+    assert stats["all-reduce"]["count"] == tp.MEGATRON_ALL_REDUCES_PER_LAYER * CFG.n_layer
+    assert sum(v["count"] for k, v in stats.items() if k != "all-reduce") == 0
+    # each moves one (B, T, C) float32 activation (the batch is not split on the model axis)
+    assert stats["all-reduce"]["bytes"] == 4 * CFG.n_layer * BATCH * CFG.block_size * CFG.n_embd * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 4), (1, 2, 2)], ids=["tp4", "fsdp2xtp2"])
+def test_tp4_and_fsdp_x_tp_train_as_one_device(one_device, mesh_shape):
+    run = _train(mesh_shape, vocab="split")
+    _assert_same(run, one_device)
+    assert tp.collective_stats(run[2])["all-reduce"]["count"] >= tp.MEGATRON_ALL_REDUCES_PER_LAYER * CFG.n_layer
+
+
+def test_placed_params_are_split_as_megatron_says():
+    model = gpt.GPT(CFG._replace(qkv_groups=2))
+    state = jax.eval_shape(lambda: fstep.create_train_state(model, optax.adam(1e-3), jax.random.key(0)))
+    sh = tp.state_shardings(state, tp.mesh(1, 2, 2))
+    block = sh.params["transformer"]["h"]["0"]
+    assert block["attn"]["c_attn"]["weight"].spec == jax.sharding.PartitionSpec("model", "fsdp")  # column
+    assert block["mlp"]["c_proj"]["weight"].spec == jax.sharding.PartitionSpec("fsdp", "model")  # row
+    assert block["mlp"]["c_proj"]["bias"].spec == jax.sharding.PartitionSpec()
+    assert sh.params["transformer"]["wte"]["weight"].spec == jax.sharding.PartitionSpec("model", "fsdp")  # vocab
+    mu = sh.opt_state[0].mu["transformer"]["h"]["0"]["attn"]["c_attn"]["weight"]
+    assert mu.spec == block["attn"]["c_attn"]["weight"].spec  # Adam's moments follow their params
+
+
+def test_mlp_shard_map_with_explicit_psum_equals_the_mlp():
+    mlp = gpt.MLP(CFG)
+    params = mlp.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (2, 8, CFG.n_embd))
+    sharded = tp.mlp_shard_map(tp.mesh(1, 1, 4))
+    np.testing.assert_allclose(sharded(params, x), mlp.apply(params, x), rtol=1e-5, atol=1e-6)
+    g_ours = jax.grad(lambda p: jnp.sum(sharded(p, x) ** 2))(params)
+    g_ref = jax.grad(lambda p: jnp.sum(mlp.apply(p, x) ** 2))(params)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_ours, g_ref)
+    hlo = jax.jit(sharded).lower(params, x).compile().as_text()
+    assert tp.collective_stats(hlo)["all-reduce"]["count"] == 1  # the psum, nothing else
+
+
+def test_bad_layouts_are_refused_with_the_fix():
+    m = tp.mesh(1, 1, 2)
+    with pytest.raises(ValueError, match="qkv_groups=2"):
+        tp.check_config(CFG, m)
+    with pytest.raises(ValueError, match="n_head=4 must be divisible"):
+        tp.check_config(CFG._replace(n_head=4, qkv_groups=1), tp.mesh(1, 1, 8))
+    with pytest.raises(ValueError, match="vocab='replicate'"):
+        tp.check_config(CFG._replace(vocab_size=33, qkv_groups=2), m)
+    with pytest.raises(ValueError, match="qkv_groups=3 must divide n_head=4"):
+        gpt.GPT(CFG._replace(qkv_groups=3))
+    with pytest.raises(ValueError, match="16 devices"):
+        tp.mesh(2, 2, 4)
