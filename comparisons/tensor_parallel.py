@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from comparisons._core import Options, Result, Side, close, equal, expect, source
-from comparisons.fsdp import _flat, _free_port
+from comparisons.fsdp import _flat
 
 __all__ = ["CONFIG", "MESHES", "TITLE", "run"]
 
@@ -42,7 +42,7 @@ CONFIG = {"block_size": 16, "vocab_size": 64, "n_layer": 2, "n_head": 4, "n_embd
 
 
 # ----------------------------------------------------------------------------- torch
-def tp_worker(rank, world, port, workdir):
+def tp_worker(rank, world, rendezvous, workdir):
     import types
 
     import torch
@@ -59,7 +59,8 @@ def tp_worker(rank, world, port, workdir):
     from funcnet.gpt import GPTConfig
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    # a file in the run's own folder, as the fsdp comparison's workers meet (no TCP port to race for)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     model = TorchGPT(GPTConfig(**CONFIG))
     model.load_state_dict(torch.load(f"{workdir}/init_packed.pt"))  # c_attn rows packed per rank
@@ -95,6 +96,7 @@ def tp_worker(rank, world, port, workdir):
     if rank == 0:
         torch.save({"state_dict": full, "losses": losses, "seconds": seconds, "param_bytes": param_bytes},
                    f"{workdir}/tp.pt")
+    dist.barrier()  # neither rank tears its gloo connections down while the other may still use them
     dist.destroy_process_group()
 
 
@@ -222,7 +224,7 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
         torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in packed.items()},
                    workdir / "init_packed.pt")
         torch.save((torch.from_numpy(xs).long(), torch.from_numpy(ys).long()), workdir / "batches.pt")
-        ctx = mp.spawn(tp_worker, args=(WORLD, _free_port(), str(workdir)), nprocs=WORLD, join=False)
+        ctx = mp.spawn(tp_worker, args=(WORLD, str(workdir / "rendezvous"), str(workdir)), nprocs=WORLD, join=False)
         if jax.device_count() >= n_devices:
             j = jax_tp(init, xs, ys, meshes)
         else:
