@@ -226,8 +226,8 @@ def test_dropout_and_sdpa_dropout_need_a_key_and_scale_what_they_keep():
     with pytest.raises(ValueError, match="pass either attn_mask or is_causal=True, not both"):
         F.scaled_dot_product_attention(q, q, q, BOOL_MASK[:4, :4], is_causal=True)
     # with dropout the output is softmax-weights dropped and rescaled, times v: the expectation is the plain output
-    outs = jnp.stack([F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, key=k)
-                      for k in jax.random.split(jax.random.key(1), 400)])
+    outs = jax.jit(jax.vmap(lambda k: F.scaled_dot_product_attention(q, q, q, dropout_p=0.3, key=k)))(
+        jax.random.split(jax.random.key(1), 400))
     np.testing.assert_allclose(np.asarray(outs.mean(0)), np.asarray(F.scaled_dot_product_attention(q, q, q)),
                                atol=0.25)
 
