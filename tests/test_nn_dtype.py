@@ -20,7 +20,14 @@ LAYERS = (
     + [("linear", lambda: nn.Linear(3, 4)), ("linear-nobias", lambda: nn.Linear(3, 4, bias=False)),
        ("mha", lambda: nn.MultiheadAttention(8, 2, add_bias_kv=True)),
        ("mha-kdim", lambda: nn.MultiheadAttention(8, 2, kdim=3, vdim=5)),
-       ("sequential", lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2)))]
+       ("sequential", lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 2))),
+       ("encoder-layer", lambda: nn.TransformerEncoderLayer(8, 2, 16)),
+       ("decoder-layer", lambda: nn.TransformerDecoderLayer(8, 2, 16)),
+       ("transformer", lambda: nn.Transformer(8, 2, 1, 1, 16)),
+       ("lstm-proj", lambda: nn.LSTM(3, 4, 2, proj_size=2, bidirectional=True)), ("gru", lambda: nn.GRU(3, 4)),
+       ("rnn", lambda: nn.RNN(3, 4)), ("lstm-cell", lambda: nn.LSTMCell(3, 4)), ("gru-cell", lambda: nn.GRUCell(3, 4)),
+       ("instance-norm", lambda: nn.InstanceNorm2d(3, affine=True, track_running_stats=True)),
+       ("batch-norm-3d", lambda: nn.BatchNorm3d(3))]
 )
 
 

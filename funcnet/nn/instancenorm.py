@@ -20,6 +20,7 @@ from funcnet.nn.activation import _no_params
 from funcnet.nn.functional.instance_norm import instance_norm, local_response_norm
 from funcnet.nn.module import Module, check_params, require_state
 from funcnet.nn.functional.norm import _check_eps, _check_positive_int
+from funcnet.nn.functional._common import float_dtype
 from funcnet.nn.norm import _counter_dtype
 
 __all__ = ["InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d", "LocalResponseNorm"]
@@ -44,13 +45,13 @@ def _instance_norm(n: int, num_features, eps, momentum, affine, track_running_st
         del key
         params = {}
         if affine:
-            params["weight"] = jnp.ones((C,), dtype)
+            params["weight"] = jnp.ones((C,), float_dtype(dtype))
             if has_bias:
-                params["bias"] = jnp.zeros((C,), dtype)
+                params["bias"] = jnp.zeros((C,), float_dtype(dtype))
         return params
 
     def init_state():
-        return {"running_mean": jnp.zeros((C,), dtype), "running_var": jnp.ones((C,), dtype),
+        return {"running_mean": jnp.zeros((C,), float_dtype(dtype)), "running_var": jnp.ones((C,), float_dtype(dtype)),
                 "num_batches_tracked": jnp.zeros((), _counter_dtype())}
 
     def apply(params, x, *, state=None, key=None, train=False):
@@ -96,17 +97,17 @@ _DOC = """Instance normalization of {layout}, as torch.nn.{cls}: each channel of
 
 
 def InstanceNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                   track_running_stats: bool = False, *, bias: bool = True, dtype=jnp.float32) -> Module:
+                   track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
     return _instance_norm(1, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                   track_running_stats: bool = False, *, bias: bool = True, dtype=jnp.float32) -> Module:
+                   track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
     return _instance_norm(2, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                   track_running_stats: bool = False, *, bias: bool = True, dtype=jnp.float32) -> Module:
+                   track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
     return _instance_norm(3, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 

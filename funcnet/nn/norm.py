@@ -261,7 +261,7 @@ def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
 
 def BatchNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
-                dtype=jnp.float32) -> Module:
+                dtype=None) -> Module:
     return _batch_norm("BatchNorm3d", (5,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.nn.dropout import _need_key
+from funcnet.nn.functional._common import float_dtype
 from funcnet.nn.functional.misc import drop as _drop
 from funcnet.nn.module import Module, check_params, describe
 
@@ -107,7 +108,8 @@ def _uniform_init(shapes, hidden_size, dtype):
 
     def init(key):
         keys = jax.random.split(key, len(shapes))
-        return {name: jax.random.uniform(k, shape, dtype, -bound, bound) for (name, shape), k in zip(shapes, keys)}
+        dt = float_dtype(dtype)  # JAX's default float unless dtype= is given (float64 under x64)
+        return {name: jax.random.uniform(k, shape, dt, -bound, bound) for (name, shape), k in zip(shapes, keys)}
 
     return init
 
@@ -253,7 +255,7 @@ def _check_lengths(lengths, name, T, B, batched):
 
 
 def RNN(input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh", bias: bool = True,
-        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *, dtype=jnp.float32) -> Module:
+        batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, *, dtype=None) -> Module:
     """An Elman RNN, ``h_t = tanh(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)`` (or relu), as torch.nn.RNN.
 
     ``apply(params, input, hx=None, /, *, lengths=None, key=None, train=False) -> (output, h_n)``:
@@ -271,7 +273,7 @@ def RNN(input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: st
 
 
 def LSTM(input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
-         dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0, *, dtype=jnp.float32) -> Module:
+         dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0, *, dtype=None) -> Module:
     """A long short-term memory RNN, as torch.nn.LSTM (gates i, f, g, o).
 
     ``apply(params, input, hx=None, /, *, lengths=None, key=None, train=False) -> (output, (h_n, c_n))``;
@@ -284,7 +286,7 @@ def LSTM(input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = Tr
 
 
 def GRU(input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True, batch_first: bool = False,
-        dropout: float = 0.0, bidirectional: bool = False, *, dtype=jnp.float32) -> Module:
+        dropout: float = 0.0, bidirectional: bool = False, *, dtype=None) -> Module:
     """A gated recurrent unit RNN, as torch.nn.GRU (gates r, z, n; ``b_hn`` inside the reset product).
 
     ``apply(params, input, hx=None, /, *, lengths=None, key=None, train=False) -> (output, h_n)``,
@@ -341,7 +343,7 @@ def _cell(mode, where, input_size, hidden_size, bias, dtype, extra="") -> Module
 
 
 def RNNCell(input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", *,
-            dtype=jnp.float32) -> Module:
+            dtype=None) -> Module:
     """One step of :func:`RNN`, as torch.nn.RNNCell: ``apply(params, input, hx=None) -> h'``; input
     ``(N, input_size)`` or ``(input_size,)``, hx ``(N, hidden_size)`` (zeros when None)."""
     if nonlinearity not in ("tanh", "relu"):
@@ -350,12 +352,12 @@ def RNNCell(input_size: int, hidden_size: int, bias: bool = True, nonlinearity: 
                  dtype, "" if nonlinearity == "tanh" else f", nonlinearity={nonlinearity}")
 
 
-def LSTMCell(input_size: int, hidden_size: int, bias: bool = True, *, dtype=jnp.float32) -> Module:
+def LSTMCell(input_size: int, hidden_size: int, bias: bool = True, *, dtype=None) -> Module:
     """One step of :func:`LSTM`, as torch.nn.LSTMCell: ``apply(params, input, hx=None) -> (h', c')``;
     hx is ``(h, c)`` or None (zeros)."""
     return _cell("LSTM", "LSTMCell", input_size, hidden_size, bias, dtype)
 
 
-def GRUCell(input_size: int, hidden_size: int, bias: bool = True, *, dtype=jnp.float32) -> Module:
+def GRUCell(input_size: int, hidden_size: int, bias: bool = True, *, dtype=None) -> Module:
     """One step of :func:`GRU`, as torch.nn.GRUCell: ``apply(params, input, hx=None) -> h'``."""
     return _cell("GRU", "GRUCell", input_size, hidden_size, bias, dtype)

@@ -58,7 +58,7 @@ def TransformerEncoderLayer(
     norm_first: bool = False,
     bias: bool = True,
     *,
-    dtype=jnp.float32,
+    dtype=None,
 ) -> Module:
     """Self-attention then a feed-forward block, each with a residual and a LayerNorm
     (torch.nn.TransformerEncoderLayer; post-norm by default, pre-norm with ``norm_first``).
@@ -202,7 +202,7 @@ def TransformerDecoderLayer(
     norm_first: bool = False,
     bias: bool = True,
     *,
-    dtype=jnp.float32,
+    dtype=None,
 ) -> Module:
     """Self-attention, attention over the encoder's ``memory``, then a feed-forward block, each with
     a residual and a LayerNorm (torch.nn.TransformerDecoderLayer; post-norm by default, pre-norm
@@ -326,7 +326,7 @@ def Transformer(
     norm_first: bool = False,
     bias: bool = True,
     *,
-    dtype=jnp.float32,
+    dtype=None,
 ) -> Module:
     """An encoder-decoder Transformer, as torch.nn.Transformer: ``encoder`` (TransformerEncoder of
     ``num_encoder_layers`` layers and a final LayerNorm) and ``decoder`` (TransformerDecoder, same),
