@@ -5,8 +5,13 @@
 - gpt: ``funcnet.gpt.GPT`` (nanoGPT-shaped) on character blocks of CPython's documentation
   (``funcnet.text``), nanoGPT's AdamW + ``clip_grad_norm_`` + warmup-cosine schedule; its
   torch twin ``TorchGPT`` from ``comparisons/gpt.py`` (skipped, with the reason, if absent).
+- lstm: ``funcnet.models.LSTMLM`` (word_language_model's ``RNNModel``, 2-layer LSTM, tied
+  weights; its LSTM one ``lax.scan`` over time) on the same character blocks, each from a zero
+  state, the example's SGD with ``clip_grad_norm_``; its torch twin ``RNNModel`` from
+  ``comparisons/recurrent.py`` (fused ``nn.LSTM``), and a third torch row: the same weights
+  run as a Python loop over time of ``nn.LSTMCell``. No JAX peers (those rows are skipped).
 
-Rows: torch eager, torch.compile, the same model by hand in JAX, in flax NNX and in
+Rows: torch eager, torch.compile, (lstm only) torch's Python loop of LSTMCell, the same model by hand in JAX, in flax NNX and in
 equinox (``benchmarks/peers.py``: flax's and equinox's own layers, each in its library's
 idiom), funcnet's ``make_step`` (a Python loop of the compiled step) and ``run_epoch``
 (one ``lax.scan`` per epoch, or the same loop for a step with convolutions on CPU). Every
@@ -35,7 +40,7 @@ busy machine's load disturbs far less):
 FLOPs per step: XLA's cost analysis of the compiled funcnet step, against the float32
 matmul peak sampled between rounds (best sample kept).
 
-    python benchmarks/models.py [--models convnet gpt] [--repeat 5] [--json PATH] [--quick]
+    python benchmarks/models.py [--models convnet gpt lstm] [--repeat 5] [--json PATH] [--quick]
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ import funcnet  # noqa: E402
 from funcnet import data, epoch, models, profile, train  # noqa: E402
 
 PEERS = ("raw JAX", "flax nnx", "equinox")
-IMPLS = ("torch eager", "torch.compile", *PEERS, "funcnet make_step", "funcnet run_epoch")
+LOOP = "torch LSTMCell loop"  # a torch row only the lstm spec has
+IMPLS = ("torch eager", "torch.compile", LOOP, *PEERS, "funcnet make_step", "funcnet run_epoch")
 ROOT = Path(__file__).resolve().parent.parent
 SLACK = 0.97  # funcnet's goal against each JAX peer: >= 1.0x, 3% for noise
 
@@ -72,7 +78,7 @@ class Spec:
     """One model: the data, both models from the same weights, both optimizers, the loss."""
 
     def __init__(self, name, x, y, batch, ours, theirs, params, model_state, tx, torch_opt, torch_loss, tol, why,
-                 ours_config=None):
+                 ours_config=None, torch_rows=None):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -131,8 +137,75 @@ def gpt_spec(quick):
                 "torch eager by as much (5e-4 to 7e-4 measured)", ours_config=config)
 
 
-# A new model (the LSTM LM) is one spec function here and its peers in benchmarks/peers.py.
-SPECS = {"convnet": convnet_spec, "gpt": gpt_spec}
+def lstm_spec(quick):
+    import torch
+
+    try:
+        from comparisons.recurrent import RNNModel, torch_cell_loop
+    except ImportError as e:
+        return f"comparisons/recurrent.py (RNNModel) not importable: {e}"
+    from funcnet import gpt, text
+
+    vocab, size, layers, block, lr, clip = text.vocabulary().size, 64, 2, 32, 1.0, 0.25
+    # the example's clip, not its lr 20: at lr 20 the full epoch (128 steps) is chaotic, every row
+    # (torch.compile's and the LSTMCell loop's included) ended 0.07-0.33 from torch eager
+    (x, y), _ = text.load_text(block)
+    n = 512 if quick else 2048
+    x, y = x[:n], y[:n]
+
+    class TorchLM(RNNModel):
+        """RNNModel on (B, T) blocks from a zero state, log-probabilities (B, T, vocab)."""
+
+        def __init__(self, config):
+            super().__init__(*config)
+            self.config = config
+
+        def lstm(self, emb):
+            return self.rnn(emb, self.init_hidden(emb.size(1)))[0]
+
+        def forward(self, idx):
+            out = self.lstm(self.encoder(idx.t()))
+            return torch.nn.functional.log_softmax(self.decoder(out), dim=-1).transpose(0, 1)
+
+    class TorchCellLoopLM(TorchLM):
+        """The same weights (nn.LSTM's parameters shared with one nn.LSTMCell per layer, which are
+        not registered: the state_dict is RNNModel's) run as a Python loop over time."""
+
+        def __init__(self, config):
+            super().__init__(config)
+            cells = [torch.nn.LSTMCell(config[1] if k == 0 else config[2], config[2]) for k in range(config[3])]
+            for k, cell in enumerate(cells):
+                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                    setattr(cell, name, getattr(self.rnn, f"{name}_l{k}"))
+            self.__dict__["cells"] = cells
+
+        def lstm(self, emb):
+            return torch_cell_loop(self.cells, emb, self.init_hidden(emb.size(1)))[0]
+
+    config = (vocab, size, size, layers)
+    torch.manual_seed(0)
+    theirs = TorchLM(config)
+    ours = models.LSTMLM(vocab, size, size, layers, dropout=0.0, batch_first=True, return_hidden=False)
+    params = funcnet.load_state_dict(ours.init(jax.random.key(0)), theirs.state_dict())
+
+    def torch_opt(m):
+        return torch.optim.SGD(m.parameters(), lr=lr), None, clip
+
+    def torch_loss(logp, y):
+        return torch.nn.functional.nll_loss(logp.reshape(-1, logp.size(-1)), y.reshape(-1))
+
+    return Spec("lstm", x, y, 16, ours, theirs, params, {}, optax.chain(gpt.clip_grad_norm(clip), optax.sgd(lr)),
+                torch_opt, torch_loss, 1e-3,
+                f"float32 over one epoch of SGD at lr {lr:g} after torch's clip_grad_norm_ ({clip}; optax's "
+                "clip_by_global_norm, without torch's 1e-6, is 4e-3 off): a 1e-7 relative difference of a "
+                "gradient moves a weight by up to lr * 5e-7 a step, and the steps add up (4e-4 after 32 steps at lr 20 "
+                "measured)",
+                torch_rows={LOOP: lambda: TorchCellLoopLM(config)})
+
+
+# A new model is one spec function here and its peers in benchmarks/peers.py (optional: a model
+# without peers has no peer rows).
+SPECS = {"convnet": convnet_spec, "gpt": gpt_spec, "lstm": lstm_spec}
 
 
 class Runner:
@@ -144,10 +217,11 @@ class Runner:
 
 
 # ------------------------------------------------------------------------------------ torch
-def torch_impl(spec, *, compiled):
+def torch_impl(spec, *, compiled, make=None):
     import torch
 
-    model = type(spec.theirs)(*([spec.theirs.config] if hasattr(spec.theirs, "config") else []))
+    make = make or (lambda: type(spec.theirs)(*([spec.theirs.config] if hasattr(spec.theirs, "config") else [])))
+    model = make()
     model.load_state_dict(spec.theirs.state_dict())
     model.train()
     opt, scheduler, clip = spec.torch_opt(model)
@@ -305,7 +379,18 @@ def first_order(spec):
     return np.asarray(data.epoch_indices(jax.random.split(state.key)[1], len(spec.x), spec.batch))
 
 
+def unavailable(spec, name):
+    """Why ``spec`` has no ``name`` row (None when it has one)."""
+    if name == LOOP and LOOP not in (spec.torch_rows or {}):
+        return f"no {name!r} row: a torch row of the lstm spec alone"
+    if name in PEERS and name not in peers.PEERS.get(spec.name, {}):
+        return f"no {name!r} peer in benchmarks/peers.py (PEERS[{spec.name!r}])"
+    return None
+
+
 def build(spec, name) -> Runner:
+    if name in (spec.torch_rows or {}):
+        return torch_impl(spec, compiled=False, make=spec.torch_rows[name])
     if name.startswith("torch"):
         return torch_impl(spec, compiled=name == "torch.compile")
     if name in PEERS:
@@ -366,7 +451,7 @@ def bench_model(spec, impls, repeat, peaks, loads, log):
             shared = [k for k in ref if k in got] if ref is not None else []
             diff = max((float(np.max(np.abs(got[k].astype(np.float64) - ref[k]))) for k in shared), default=None)
             # what one example is made of: a GPT example is a block of tokens, a conv net's an image
-            per_example, unit = (spec.x.shape[1], "tokens") if spec.name == "gpt" else (1, "images")
+            per_example, unit = (spec.x.shape[1], "tokens") if spec.name in ("gpt", "lstm") else (1, "images")
             row.update(seconds_per_epoch=sec, seconds_all=times[name], ms_per_step=sec / steps * 1e3,
                        cpu_seconds_all=cpu[name], cpu_ms_per_step=statistics.median(cpu[name]) / steps * 1e3,
                        flops_per_step=flops, max_diff_vs_torch_eager=diff, compared=len(shared), unit=unit,
@@ -425,8 +510,11 @@ def main(argv=None) -> int:
                         help="one core for each framework (torch.set_num_threads(1), XLA without its thread pool): "
                              "fair on a busy machine, where torch's OpenMP threads spin-wait for each other")
     args = parser.parse_args(argv)
+    quick_skips = {}
     if args.quick:
         args.repeat = 1
+        if "torch.compile" in args.impls:
+            quick_skips["torch.compile"] = "--quick: Dynamo + Inductor take minutes on a busy machine (the lstm step ~100 s)"
         args.impls = [i for i in args.impls if i != "torch.compile"]
     import torch
 
@@ -438,15 +526,23 @@ def main(argv=None) -> int:
     console = Console(width=max(Console().width, 230))
     load_before = os.getloadavg()
     peaks, loads = [profile.matmul_peak(1024, repeat=5)], []
-    rows, skipped = [], {}
+    rows, skipped = [], dict(quick_skips)
     for name in args.models:
         spec = SPECS[name](args.quick)
         if isinstance(spec, str):
             skipped[name] = spec
             continue
-        rows += bench_model(spec, args.impls, args.repeat, peaks, loads, console.log)
-        for r in rows[-len(args.impls):]:
+        impls = []
+        for impl in args.impls:
+            why = unavailable(spec, impl)
+            if why:
+                skipped[f"{name} {impl}"] = why
+            else:
+                impls.append(impl)
+        new = bench_model(spec, impls, args.repeat, peaks, loads, console.log)
+        for r in new:
             r["tolerance"], r["tolerance_why"] = spec.tol, spec.why
+        rows += new
     peak, load_after = max(peaks), os.getloadavg()
     checked = goals(rows)
 
