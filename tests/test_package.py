@@ -36,7 +36,7 @@ def test_readme_quick_start_runs():
     params = names["params"]
     for key, tensor in names["torch_model"].state_dict().items():  # load_state_dict took torch's weights
         np.testing.assert_array_equal(np.asarray(names["funcnet"].state_dict(params)[key]), tensor.numpy())
-    assert names["logits"].shape == (4, 10)
+    assert names["logits"].shape == (32, 10)  # the block's own batch of 32
     assert names["metrics"]["loss"].shape == (len(names["x_tr"]) // 32,)
 
 
@@ -46,23 +46,18 @@ def test_readme_state_and_composite_examples_run_as_written():
     import re
     from pathlib import Path
 
-    import jax
     import numpy as np
-    import torch
 
     section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Quick start", 1)[1]
     section = section.split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 3
-    torch_model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                      torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
-    torch_model(torch.randn(16, 1, 8, 8))  # running statistics away from their initial values
-    names = {"images": np.random.default_rng(0).standard_normal((4, 1, 8, 8)).astype(np.float32),
-             "torch_model": torch_model}
+    names = {}  # the block sets up its own images and torch twin
     exec(compile("import jax, funcnet\nfrom funcnet import nn\n" + blocks[1], "README state block", "exec"), names)
-    sd = names["sd"]
+    sd, torch_model = names["sd"], names["torch_model"]  # the block builds its own torch twin and loads it
     assert list(sd) == list(torch_model.state_dict())
-    np.testing.assert_array_equal(np.asarray(sd["1.running_mean"]), torch_model[1].running_mean.numpy())
+    for key, tensor in torch_model.state_dict().items():  # weights and buffers, torch's values
+        np.testing.assert_array_equal(np.asarray(sd[key]), tensor.numpy())
     exec(compile("import jax, funcnet\nfrom funcnet import nn\n" + blocks[2], "README composite block", "exec"), names)
     block = names["BasicBlock"](8, 16, stride=2)
     keys = list(funcnet_state_dict(block))
