@@ -396,8 +396,13 @@ def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, tempera
     try:
         n_pos, vocab = (int(params["transformer"][k]["weight"].shape[0]) for k in ("wpe", "wte"))
     except (KeyError, TypeError, AttributeError):
-        raise ValueError("generate: params must be a GPT's (model.init(key) of gpt.GPT), with "
-                         "transformer.wpe.weight and transformer.wte.weight") from None
+        if block_size is None:
+            raise ValueError("generate: params must be a GPT's (model.init(key) of gpt.GPT), with "
+                             "transformer.wpe.weight and transformer.wte.weight; for a model without a position "
+                             "embedding (an LSTM LM) pass block_size=, the context it sees") from None
+        # a model without a position embedding: any context length, the vocabulary from its logits
+        n_pos = block_size
+        vocab = int(jax.eval_shape(lambda p, i: model.apply(p, i), params, idx[:, :1]).shape[-1])
     if block_size is None:
         block_size = n_pos
     elif isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= n_pos:

@@ -361,6 +361,7 @@ def make_step(
                 and len(batch) == 2:
             x, y = batch
             if hasattr(x, "shape") and hasattr(y, "dtype") and jnp.issubdtype(y.dtype, jnp.integer):
+                _check_batch(x, y, accum_steps, axis)  # before the micro-batch split below
                 spec = (tuple(x.shape), str(x.dtype))
                 if spec not in outputs_of:
                     outputs_of[spec] = jax.eval_shape(

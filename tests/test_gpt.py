@@ -140,7 +140,7 @@ def test_num_params_is_nanogpts():
 
 def test_build_is_gpt_with_the_examples_defaults():
     model = gpt.build(11, 16)
-    assert model.name == repr(GPT(GPTConfig(16, 11, 3, 4, 96)))
+    assert model.name == GPT(GPTConfig(16, 11, 3, 4, 96)).name
     shapes = funcnet.state_dict(jax.eval_shape(model.init, jax.random.key(0)))
     assert shapes["transformer.wpe.weight"].shape == (16, 96) and len({k.split(".")[2] for k in shapes
                                                                        if ".h." in k}) == 3
