@@ -33,8 +33,8 @@ TITLE = "A GPT (nanoGPT) trained with AdamW + clipping + warmup-cosine: torch vs
 
 CONFIG = GPTConfig(block_size=32, vocab_size=text.vocabulary().size, n_layer=2, n_head=4, n_embd=32, dropout=0.0)
 STEPS, BATCH = 120, 8
-OPT = dict(learning_rate=3e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=20, decay_steps=100,
-           min_lr=3e-4, grad_clip=1.0)
+OPT = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps=20, decay_steps=100,
+           min_lr=1e-4, grad_clip=1.0)
 
 
 # ----------------------------------------------------------------------------- torch (nanoGPT)
