@@ -23,17 +23,9 @@ __all__ = ["max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_wit
            "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d",
            "max_unpool1d", "max_unpool2d", "max_unpool3d"]
 
-SHAPES = {1: ("(C, L)", "(N, C, L)"), 2: ("(C, H, W)", "(N, C, H, W)"), 3: ("(C, D, H, W)", "(N, C, D, H, W)")}
 
 
-def check_input(x, n: int, name: str):
-    x = jnp.asarray(x)
-    if x.ndim not in (n + 1, n + 2) or x.size == 0:
-        unbatched, batched = SHAPES[n]
-        raise ValueError(f"{name}: expected a non-empty {n + 1}D (unbatched) input {unbatched} or {n + 2}D "
-                         f"(batched) input {batched}, got shape {tuple(x.shape)}; reshape the input to {batched}")
-    return x
-
+check_input = _P._check_input  # one input check for every pool, 1-D to 3-D
 
 def pool_arguments(n, cls, kernel_size, stride, padding, dilation=1):
     kernel = _ntuple(kernel_size, n, "kernel_size", cls, 1)
