@@ -74,7 +74,7 @@ def AvgPool3d(kernel_size, stride=None, padding=0, ceil_mode: bool = False, coun
 def AdaptiveAvgPool3d(output_size) -> Module:
     """Mean over torch's adaptive bins of the last three axes, as torch.nn.AdaptiveAvgPool3d
     (see ``AdaptiveAvgPool2d``)."""
-    _F.adaptive_sizes(output_size, 3, "AdaptiveAvgPool3d")
+    _F._P.adaptive_sizes(3, "AdaptiveAvgPool3d", output_size)
 
     def apply(params, x, *, key=None, train=False):
         del params, key, train
@@ -85,7 +85,7 @@ def AdaptiveAvgPool3d(output_size) -> Module:
 
 def _adaptive_max(n: int, output_size, return_indices: bool) -> Module:
     cls = f"AdaptiveMaxPool{n}d"
-    sizes = _F.adaptive_sizes(output_size, n, cls)
+    sizes = _F._P.adaptive_sizes(n, cls, output_size)
     name = f"{cls}(output_size={output_size})"
 
     def apply(params, x, *, key=None, train=False):

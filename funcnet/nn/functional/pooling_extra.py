@@ -90,19 +90,6 @@ def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode: bool = Fal
     return avg_pool(input, 3, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, "avg_pool3d")
 
 
-def adaptive_sizes(output_size, n: int, name: str):
-    sizes = (output_size,) * n if output_size is None or isinstance(output_size, int) else output_size
-    try:
-        sizes = tuple(sizes)
-    except TypeError:
-        sizes = None
-    if (sizes is None or len(sizes) != n
-            or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s > 0) for s in sizes)):
-        raise ValueError(f"{name}: output_size must be a positive int, None (keep the input size) or a tuple of "
-                         f"{n} of those, got {output_size!r}")
-    return sizes
-
-
 def _bin_edges(L: int, o: int):
     i = np.arange(o)
     return (i * L) // o, -((-(i + 1) * L) // o)  # torch's [floor(i*L/o), ceil((i+1)*L/o))
@@ -112,7 +99,7 @@ def adaptive_avg_pool3d(input, output_size):
     """Mean over torch's adaptive bins of the last three axes, as
     torch.nn.functional.adaptive_avg_pool3d (see ``funcnet.nn.AdaptiveAvgPool2d``)."""
     name = "adaptive_avg_pool3d"
-    sizes = adaptive_sizes(output_size, 3, name)
+    sizes = _P.adaptive_sizes(3, name, output_size)
     x = check_input(input, 3, name)
     out = tuple(L if o is None else o for L, o in zip(x.shape[-3:], sizes))
     y, counts = x, np.ones((), np.int64)
@@ -154,7 +141,7 @@ def adaptive_max(x, n: int, sizes, name: str):
 def _adaptive_max_fn(n):
     def fn(input, output_size, return_indices: bool = False):
         name = f"adaptive_max_pool{n}d"
-        y, indices = adaptive_max(input, n, adaptive_sizes(output_size, n, name), name)
+        y, indices = adaptive_max(input, n, _P.adaptive_sizes(n, name, output_size), name)
         return (y, indices) if return_indices else y
 
     fn.__name__ = fn.__qualname__ = f"adaptive_max_pool{n}d"
