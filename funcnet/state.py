@@ -69,7 +69,9 @@ def keys_in_order(model: Any) -> dict[str, int]:
         if not m.children:
             order.extend(prefix + k for k in _flatten(m.init(jax.random.clone(key)), initial_state(m)))
             return
-        own = [n for n, c in m.children if c is not None and not isinstance(c, Module)]
+        # a composite's own parameters, then its own buffers (nn.Buffer), then its children
+        own = sorted((n for n, c in m.children if c is not None and not isinstance(c, Module)),
+                     key=lambda n: type(dict(m.children)[n]).__name__ == "Buffer")
         order.extend(prefix + n for n in own)
         for n, c in m.children:
             if isinstance(c, Module):

@@ -94,32 +94,75 @@ def _named_sequential(children: list[tuple[str, Module]], name: str) -> Module:
     return nn.Composite(forward, name=name, **dict(children))
 
 
-def _build(module, path: str, registry, problems: list) -> Module | None:
+def _recorded(module, path: str, registry, problems: list, recording) -> Module | None:
+    """A module whose forward is Python code, as an ``nn.Composite`` replaying its recording:
+    its own parameters and buffers as ``nn.Parameter``/``nn.Buffer``, its children converted."""
+    from funcnet.interop import ops
+    from funcnet.interop.graph import merge_modes
+    from funcnet.interop.replay import forward_of, unrecorded_forward
+
+    name = type(module).__name__
+    kids = {}
+    for n, p in module.named_parameters(recurse=False):
+        kids[n] = nn.Parameter(_array(p))
+    for n, b in module.named_buffers(recurse=False):
+        if n not in module._non_persistent_buffers_set:
+            kids[n] = nn.Buffer(_array(b))
+    ok = True
+    for n, c in module.named_children():
+        built = _build(c, f"{path}.{n}" if path else n, registry, problems, recording)
+        ok = ok and built is not None
+        kids[n] = built
+    if not ok:
+        return None
+    graphs = recording.graphs.get(id(module)) if recording is not None else None
+    if not graphs:
+        forward = unrecorded_forward(name)
+    else:
+        train, evaluation = graphs.get("train", []), graphs.get("eval", [])
+        merged = [merge_modes(a, b) for a, b in zip(train, evaluation)] if len(train) == len(evaluation) else [None]
+        modes = {"both": merged} if merged and all(g is not None for g in merged) else graphs
+        forward = forward_of(modes, name, ops.lookup)
+    composite = nn.Composite(forward, name=name, batch_axis=None, **kids)
+    return composite
+
+
+def _array(tensor):
+    from funcnet.interop.trace import _to_numpy
+
+    return jnp.asarray(_to_numpy(tensor), dtype=jnp.bfloat16 if str(tensor.dtype) == "torch.bfloat16" else None)
+
+
+def _build(module, path: str, registry, problems: list, recording=None) -> Module | None:
     from torch import nn as tnn
 
     where = f"{path or '<root>'} ({type(module).__name__})"
     base, row = _match(module, registry)
-    if row is not None:
+    if row is not None and (type(module).forward is base.forward or recording is None):
         return _layer(module, path, base, row, problems)
     container = _container_base(module)
+    user_forward = type(module).forward is not (container or tnn.Module).forward
+    if user_forward and recording is not None:
+        return _recorded(module, path, registry, problems, recording)
     if container is None and type(module).forward is not tnn.Module.forward:
         if type(module).__module__.startswith("torch.nn"):
-            problems.append(f"{where}: funcnet.nn has no counterpart yet (supported: "
-                            f"{', '.join(SUPPORTED_MODULES)})")
+            problems.append(f"{where}: funcnet.nn has no counterpart yet; pass example inputs to convert "
+                            f"(convert(module, x)) to convert its forward by tracing")
         else:
-            problems.append(f"{where}: a user-defined module whose forward is Python code; write it as "
-                            f"nn.Composite(forward, **children) (docs/design.md, 'Composites'); its children "
-                            f"convert with interop.convert(child)")
+            problems.append(f"{where}: a module whose forward is Python code; pass example inputs to convert "
+                            f"(convert(module, x)) to convert it by tracing")
         return None
-    if container is not None and type(module).forward is not container.forward:
-        problems.append(f"{where}: a {container.__name__} subclass with its own forward; write it as "
-                        f"nn.Composite(forward, ...) (docs/design.md, 'Composites')")
+    if container is not None and user_forward:
+        problems.append(f"{where}: a {container.__name__} subclass with its own forward; pass example inputs to "
+                        f"convert (convert(module, x)) to convert it by tracing")
         return None
     if _own_tensors(module):
+        if recording is not None:
+            return _recorded(module, path, registry, problems, recording)
         problems.append(f"{where}: a container with tensors of its own ({', '.join(_own_tensors(module))}); "
                         f"write it as nn.Composite with nn.Parameter children")
         return None
-    children = [(n, _build(c, f"{path}.{n}" if path else n, registry, problems))
+    children = [(n, _build(c, f"{path}.{n}" if path else n, registry, problems, recording))
                 for n, c in module.named_children()]
     if any(c is None for _, c in children):
         return None
@@ -130,6 +173,33 @@ def _build(module, path: str, registry, problems: list) -> Module | None:
     if container is tnn.ModuleList:
         return nn.ModuleList([c for _, c in children])
     return nn.ModuleDict(dict(children))  # a ModuleDict, or a plain nn.Module with no forward
+
+
+def _is_leaf(module, registry) -> bool:
+    base, row = _match(module, registry)
+    return row is not None and type(module).forward is base.forward
+
+
+def _is_walked_container(module) -> bool:
+    container = _container_base(module)
+    return container is not None and type(module).forward is container.forward
+
+
+def _trace(module, args, kwargs, registry):
+    from funcnet.interop import ops
+    from funcnet.interop.trace import record
+
+    recording = record(module, args, kwargs, is_leaf=lambda m: _is_leaf(m, registry),
+                       is_container=_is_walked_container, lookup=ops.lookup, canonical=ops.canonical,
+                       refused=getattr(ops, "REFUSED", {}))
+    grouped: dict = {}  # one line per problem: a block used twice is one line naming both paths
+    for path, op, where, message in recording.problems:
+        paths = grouped.setdefault((op, where, message), [])
+        if path not in paths:
+            paths.append(path)
+    problems = [f"{', '.join(paths)}: {op + ': ' if op else ''}{message} ({where})"
+                for (op, where, message), paths in grouped.items()]
+    return recording, problems
 
 
 def _set(tree: dict, dotted: str, value) -> None:
@@ -168,7 +238,7 @@ def _with_ties(model: Module, ties: dict[str, str]) -> Module:
     return Module(init, None if model.apply is None else apply, model.init_state, model.children, model.name)
 
 
-def convert(module: Any) -> tuple[Module, dict, dict]:
+def convert(module: Any, *example_inputs, **example_kwargs) -> tuple[Module, dict, dict]:
     """``(model, params, state)``: a torch module as a funcnet.nn model and its variables.
 
     ``nn.Sequential``/``ModuleList``/``ModuleDict`` and every supported leaf layer (see
@@ -183,7 +253,11 @@ def convert(module: Any) -> tuple[Module, dict, dict]:
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
     problems: list[str] = []
-    model = _build(module, "", _registry(), problems)
+    registry = _registry()
+    recording = None
+    if example_inputs or example_kwargs:
+        recording, problems = _trace(module, example_inputs, example_kwargs, registry)
+    model = _build(module, "", registry, problems, recording)
     if problems:
         raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))
     params, state = from_torch_with_state(module)

@@ -61,6 +61,19 @@ def _encoder_args(m, build) -> dict:
     return {"encoder_layer": layers[0], "num_layers": len(layers), "norm": norm}
 
 
+def _rnn_args(m, build) -> dict:
+    # torch's RNN classes take *args/**kwargs in __init__: read every argument off the attributes
+    names = ["input_size", "hidden_size", "bias"]
+    if not type(m).__name__.endswith("Cell") or hasattr(m, "nonlinearity"):
+        names += [] if type(m).__name__.endswith("Cell") else ["num_layers", "batch_first", "dropout", "bidirectional"]
+    out = {n: getattr(m, n) for n in names}
+    if getattr(m, "proj_size", 0):
+        out["proj_size"] = m.proj_size
+    if getattr(m, "nonlinearity", None) is not None and type(m).__name__.startswith("RNN"):
+        out["nonlinearity"] = m.nonlinearity
+    return out
+
+
 _SIMPLE = [
     "Linear", "Identity", "Flatten", "Unflatten", "Dropout",
     "ReLU", "Tanh", "Sigmoid", "GELU", "SiLU", "Mish", "ELU", "CELU", "SELU", "LeakyReLU", "Softplus",
@@ -75,11 +88,13 @@ _SIMPLE = [
     "Upsample", "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle", "PixelUnshuffle",
     *(f"{kind}Pad{n}d" for kind in ("Zero", "Constant", "Reflection", "Replication", "Circular") for n in (1, 2, 3)),
     "Embedding", "Dropout1d", "Dropout2d", "Dropout3d",
+    "Softmin", "Softmax2d", "Threshold",
 ]
 _ROWS = [_Row(n, n) for n in _SIMPLE] + [
     _Row("MultiheadAttention", "MultiheadAttention", _mha_args),
     _Row("TransformerEncoderLayer", "TransformerEncoderLayer", _encoder_layer_args),
     _Row("TransformerEncoder", "TransformerEncoder", _encoder_args),
+    *(_Row(n, n, _rnn_args) for n in ("RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell")),
 ]
 _CONTAINERS = ("Sequential", "ModuleList", "ModuleDict")
 

@@ -39,7 +39,7 @@ from funcnet.nn.module import (
     require_state,
 )
 
-__all__ = ["Composite", "Parameter", "Sequential", "ModuleList", "ModuleDict", "MLP"]
+__all__ = ["Composite", "Parameter", "Buffer", "Sequential", "ModuleList", "ModuleDict", "MLP"]
 
 
 class Parameter:
@@ -56,6 +56,19 @@ class Parameter:
         return "Parameter"
 
 
+class Buffer:
+    """A buffer owned by a composite itself (torch: ``self.register_buffer("count", ...)``):
+    state, not a parameter. ``init`` is an array or a function ``() -> array``. Inside
+    ``forward`` the attribute reads it, and ``self.count = new`` sets the new state that
+    ``apply`` returns (torch's ``self.count += 1``)."""
+
+    def __init__(self, init: Any):
+        self.init = init if callable(init) else (lambda value=jnp.asarray(init): value)
+
+    def __repr__(self) -> str:
+        return "Buffer"
+
+
 def _is_container(m: Module) -> bool:
     return m.apply is None
 
@@ -67,7 +80,7 @@ def _own_params(children) -> list[str]:
 def _init_children(children, key) -> dict:
     # torch orders a module's own parameters before its children's.
     params: dict = {}
-    entries = [(n, c) for n, c in children if c is not None]
+    entries = [(n, c) for n, c in children if c is not None and not isinstance(c, Buffer)]
     keys = jax.random.split(key, max(len(entries), 1))
     for (name, child), k in sorted(zip(entries, keys), key=lambda e: not isinstance(e[0][1], Parameter)):
         p = child.init(k)
@@ -77,12 +90,14 @@ def _init_children(children, key) -> dict:
 
 
 def _state_children(children) -> dict:
-    return {name: child.init_state() for name, child in children
-            if isinstance(child, Module) and child.init_state is not None}
+    # torch orders a module's own buffers before its children's
+    own = {name: child.init() for name, child in children if isinstance(child, Buffer)}
+    return own | {name: child.init_state() for name, child in children
+                  if isinstance(child, Module) and child.init_state is not None}
 
 
 def _stateful(children) -> bool:
-    return any(isinstance(c, Module) and c.init_state is not None for _, c in children)
+    return any(isinstance(c, Buffer) or (isinstance(c, Module) and c.init_state is not None) for _, c in children)
 
 
 def _param_names(children) -> Callable[[], set[str]]:
@@ -101,7 +116,7 @@ def _param_names(children) -> Callable[[], set[str]]:
 def _find_param_names(children) -> list[str]:
     names = []
     for name, child in children:
-        if child is None:
+        if child is None or isinstance(child, Buffer):
             continue
         if isinstance(child, Parameter) or jax.tree_util.tree_leaves(jax.eval_shape(child.init, jax.random.key(0))):
             names.append(name)
@@ -188,7 +203,18 @@ class _Scope:
             return None
         if isinstance(child, Parameter):
             return self._params[name]
+        if isinstance(child, Buffer):
+            return self._state[name]
         return _Bound(self, (name,), child)
+
+    def __setattr__(self, name, value):
+        if name.startswith("_") or name == "training":
+            object.__setattr__(self, name, value)
+        elif isinstance(self._children.get(name), Buffer):
+            self._state[name] = value  # the new state apply returns; nothing is mutated
+        else:
+            raise AttributeError(f"{self._owner}: only a Buffer child can be set in forward (the new state apply "
+                                 f"returns); {name!r} is {describe(self._children.get(name))}")
 
 
 class _Bound:
@@ -239,6 +265,11 @@ class _Bound:
         """This child's params (e.g. to use an embedding's weight as an output projection)."""
         return _get(self._scope._params, self._path)
 
+    @property
+    def state(self):
+        """This child's state (its buffers, e.g. a causal mask or running statistics), read only."""
+        return _get(self._scope._state, self._path)
+
 
 _UNSET: Any = object()
 
@@ -248,7 +279,7 @@ def Composite(forward: Callable, /, *, name: str | None = None, tied: Mapping[st
     """A module with named children and a custom ``forward(self, *inputs, **kwargs)``.
 
     ``children``: Modules (named as torch attributes), ``None`` (an absent optional child,
-    as torch's ``self.downsample = None``) or ``Parameter``s. ``tied``: ``{"lm_head.weight":
+    as torch's ``self.downsample = None``), ``Parameter``s or ``Buffer``s. ``tied``: ``{"lm_head.weight":
     "transformer.wte.weight"}`` makes the first parameter the second one (one array; both
     keys in ``state_dict``). The model has state if any child has.
     """
@@ -256,9 +287,9 @@ def Composite(forward: Callable, /, *, name: str | None = None, tied: Mapping[st
         raise TypeError(f"Composite: forward must be a function forward(self, x, ...), got {describe(forward)}")
     name = name or getattr(forward, "__qualname__", "Composite").split(".<locals>")[0]
     for child_name, child in children.items():
-        if not (child is None or isinstance(child, (Module, Parameter))):
+        if not (child is None or isinstance(child, (Module, Parameter, Buffer))):
             raise TypeError(f"{name}: child {child_name!r} is {describe(child)}, expected a funcnet.nn.Module, "
-                            f"a Parameter or None (call the factory: nn.ReLU(), not nn.ReLU)")
+                            f"a Parameter, a Buffer or None (call the factory: nn.ReLU(), not nn.ReLU)")
     items = tuple(children.items())
     child_map = dict(items)
     ties = dict(tied or {})

@@ -1,0 +1,456 @@
+"""Recording a torch model's forward on real tensors, one graph per module.
+
+The model runs once in train mode and once in eval mode on the example inputs. A
+``TorchFunctionMode`` sees every torch function, Tensor method and attribute read; forward
+hooks on every submodule open a frame per module call, so each module's own ``forward``
+becomes its own ``Graph`` and calls of its children become ``child`` nodes (the hierarchy
+is kept). Modules with a funcnet.nn counterpart (``leaf``) are not looked inside. Because
+the values are real, Python control flow on configuration runs as in torch; control flow
+on tensor values (``bool(tensor)``, ``.item()``) and calls with no JAX form are collected
+as problems with the user's ``file:line``. Sizes (``x.size(0)``, ``x.shape``) are ``Dim``s:
+ints that remember where they came from, so a converted model is not tied to the example's
+batch size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import os
+import sys
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet.interop.graph import Graph, Node, Ref, Slice
+
+_TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
+
+
+def user_line(skip_dirs: tuple[str, ...]) -> str:
+    """``file:line`` of the innermost frame outside torch and funcnet (the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(skip_dirs) and "<frozen" not in name:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+class Dim(int):
+    """A size read off a tensor (or computed from sizes): an int that knows its node."""
+
+    def __new__(cls, value: int, ref: Ref, frame: "Frame"):
+        obj = int.__new__(cls, value)
+        obj.ref, obj.frame = ref, frame
+        return obj
+
+    def _op(self, other, fn, name, reverse=False):
+        value = fn(int(other), int(self)) if reverse else fn(int(self), int(other))
+        frame = self.frame
+        if not frame.active or (isinstance(other, Dim) and other.frame is not frame):
+            return value
+        a, b = (other, self) if reverse else (self, other)
+        ref = frame.add(Node("dim", name, (frame.arg(a), frame.arg(b))))
+        return Dim(value, ref, frame) if isinstance(value, int) else value
+
+    def __add__(self, o): return self._op(o, operator.add, "add") if isinstance(o, int) else NotImplemented
+    def __radd__(self, o): return self._op(o, operator.add, "add", True) if isinstance(o, int) else NotImplemented
+    def __sub__(self, o): return self._op(o, operator.sub, "sub") if isinstance(o, int) else NotImplemented
+    def __rsub__(self, o): return self._op(o, operator.sub, "sub", True) if isinstance(o, int) else NotImplemented
+    def __mul__(self, o): return self._op(o, operator.mul, "mul") if isinstance(o, int) else NotImplemented
+    def __rmul__(self, o): return self._op(o, operator.mul, "mul", True) if isinstance(o, int) else NotImplemented
+    def __floordiv__(self, o): return self._op(o, operator.floordiv, "floordiv") if isinstance(o, int) else NotImplemented
+    def __rfloordiv__(self, o):
+        return self._op(o, operator.floordiv, "floordiv", True) if isinstance(o, int) else NotImplemented
+    def __mod__(self, o): return self._op(o, operator.mod, "mod") if isinstance(o, int) else NotImplemented
+    def __neg__(self): return self._op(-1, operator.mul, "mul")
+
+
+@dataclasses.dataclass
+class Frame:
+    """One module call being recorded (``silent``: a leaf or a container, not looked inside)."""
+
+    module: Any
+    silent: bool
+    nodes: list = dataclasses.field(default_factory=list)
+    known: dict = dataclasses.field(default_factory=dict)  # id(obj) -> (obj, Ref)
+    stale: dict = dataclasses.field(default_factory=dict)  # id(obj) -> where it was changed through an alias
+    tensors: dict | None = None  # id(param or buffer) -> ("param" | "buffer", dotted path)
+    paths: dict | None = None  # id(submodule) -> dotted path
+    active: bool = True
+    recorder: Any = None
+    inside_leaf: bool = False  # this module or an ancestor is a leaf: nothing inside is recorded
+    bound: Any = None  # the forward's arguments (inspect.BoundArguments)
+    inputs: dict = dataclasses.field(default_factory=dict)
+    constants: dict = dataclasses.field(default_factory=dict)
+    buffers_before: dict = dataclasses.field(default_factory=dict)
+
+    def add(self, node: Node) -> Ref:
+        self.nodes.append(node)
+        return Ref(len(self.nodes) - 1)
+
+    def bind(self, value, ref: Ref) -> None:
+        """Remember every tensor and size in ``value`` (a tree) as ``ref`` indexed by its position."""
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            self.known[id(value)] = (value, ref)
+            self.stale.pop(id(value), None)
+        elif isinstance(value, Dim):
+            self.known[id(value)] = (value, ref)
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                self.bind(v, Ref(ref.node, ref.path + (i,)))
+
+    def own_tensors(self) -> dict:
+        if self.tensors is None:
+            self.tensors = {}
+            persistent = set()
+            for name, m in self.module.named_modules():
+                prefix = f"{name}." if name else ""
+                persistent |= {prefix + b for b in m._buffers if b not in m._non_persistent_buffers_set}
+            for name, p in self.module.named_parameters():
+                self.tensors.setdefault(id(p), ("param", name))
+            for name, b in self.module.named_buffers():
+                if name in persistent:
+                    self.tensors.setdefault(id(b), ("buffer", name))
+        return self.tensors
+
+    def module_path(self, module) -> str | None:
+        if self.paths is None:
+            self.paths = {id(m): name for name, m in self.module.named_modules() if name}
+        return self.paths.get(id(module))
+
+    def arg(self, value):
+        """``value`` (an argument tree) with tensors and sizes as ``Ref``s, torch's dtypes as
+        JAX's, devices dropped and other tensors kept by value."""
+        import torch
+
+        if isinstance(value, Dim):
+            hit = self.known.get(id(value))
+            return hit[1] if hit is not None and hit[0] is value else int(value)
+        if isinstance(value, torch.Tensor):
+            return self.tensor_ref(value)
+        if isinstance(value, torch.dtype):
+            return jnp.dtype(str(value).replace("torch.", ""))
+        if isinstance(value, (torch.device, torch.memory_format, torch.layout)):
+            return None
+        if isinstance(value, torch.Size):
+            return tuple(self.arg(v) for v in value)
+        if isinstance(value, slice):
+            return Slice(self.arg(value.start), self.arg(value.stop), self.arg(value.step))
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return tuple(self.arg(v) for v in value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.arg(v) for k, v in value.items()}
+        if value is None or isinstance(value, (bool, int, float, str, complex, type(Ellipsis))):
+            return value
+        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form")
+        return None
+
+    def tensor_ref(self, t) -> Ref:
+        hit = self.known.get(id(t))
+        if hit is not None and hit[0] is t:
+            if id(t) in self.stale:
+                self.recorder.problem(self, f"a tensor used after an in-place change through an alias of it (at "
+                                            f"{self.stale[id(t)]}); torch sees the change, a function cannot: "
+                                            f"use an out-of-place form (y = x + 1, not x.add_(1) on a view)")
+                self.stale.pop(id(t))
+            return hit[1]
+        own = self.own_tensors().get(id(t))
+        if own is not None:
+            ref = self.add(Node(own[0], own[1]))
+        else:  # a tensor from outside the module (a constant, a non-persistent buffer)
+            ref = self.add(Node("const", _to_numpy(t)))
+        self.known[id(t)] = (t, ref)
+        return ref
+
+    def mark_aliases_stale(self, changed, where: str) -> None:
+        """``changed`` was written in place: every other tensor sharing its memory changed too."""
+        import torch
+
+        try:
+            ptr = changed.untyped_storage().data_ptr()
+        except RuntimeError:
+            return
+        for key, (obj, _) in list(self.known.items()):
+            if obj is not changed and isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == ptr:
+                self.stale[key] = where
+
+
+def _to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy().copy()
+
+
+@dataclasses.dataclass
+class Recording:
+    """Per torch module object: its graphs by mode ("train", "eval"), one per distinct call."""
+
+    graphs: dict = dataclasses.field(default_factory=dict)  # id(module) -> {mode: [Graph, ...]}
+    problems: list = dataclasses.field(default_factory=list)  # (path, op, where, message)
+    names: dict = dataclasses.field(default_factory=dict)  # id(module) -> dotted path from the root
+
+
+def flatten_args(value, path=()):
+    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts)."""
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
+    return [(path, value)]
+
+
+class Recorder:
+    """Runs ``root`` on the example inputs with the mode and the hooks installed."""
+
+    def __init__(self, root, is_leaf: Callable[[Any], bool], is_container: Callable[[Any], bool],
+                 lookup: Callable[[str], Any], canonical: Callable[[Any], str | None], refused: dict):
+        self.root, self.is_leaf, self.is_container = root, is_leaf, is_container
+        self.lookup, self.canonical, self.refused = lookup, canonical, refused
+        self.stack: list[Frame] = []
+        self.busy = False
+        self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
+        self.mode = "train"
+        self.skip = (_TORCH_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
+
+    def problem(self, frame: Frame, message: str, op: str = "") -> None:
+        path = self.rec.names.get(id(frame.module), "?") or "<root>"
+        entry = (path, op, user_line(self.skip), message)
+        if entry not in self.rec.problems:
+            self.rec.problems.append(entry)
+
+    # ---- module calls
+    def pre(self, module, args, kwargs):
+        with _quiet(self):
+            self._pre(module, args, kwargs)
+
+    def post(self, module, args, kwargs, output):
+        with _quiet(self):
+            return self._post(module, args, kwargs, output)
+
+    def _pre(self, module, args, kwargs):
+        parent = self.stack[-1] if self.stack else None
+        inside_leaf = (parent is not None and parent.inside_leaf) or self.is_leaf(module)
+        # a container with torch's forward (Sequential) is walked: its children are recorded in their own frames
+        frame = Frame(module, inside_leaf or self.is_container(module), recorder=self, inside_leaf=inside_leaf)
+        if not frame.silent:
+            sig = _signature(module)
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                self.problem(frame, f"cannot bind its forward's arguments: {e}")
+                bound = None
+            frame.bound = bound
+            frame.inputs, frame.constants = {}, {}
+            if bound is not None:
+                for name, value in bound.arguments.items():
+                    for path, leaf in flatten_args(value):
+                        if _is_tensor(leaf) or isinstance(leaf, Dim):
+                            ref = frame.add(Node("input", (name, path)))
+                            frame.inputs[(name, path)] = ref.node
+                            frame.known[id(leaf)] = (leaf, ref)
+                        else:
+                            frame.constants[(name, path)] = leaf
+            frame.buffers_before = {n: b for n, b in module._buffers.items()
+                                    if n not in module._non_persistent_buffers_set}
+        self.stack.append(frame)
+
+    def _post(self, module, args, kwargs, output):
+        frame = self.stack.pop()
+        frame.active = False
+        parent = self.stack[-1] if self.stack else None
+        if not frame.silent:
+            self._finish(frame, module, output)
+        if parent is not None and not parent.silent:
+            path = parent.module_path(module)
+            if path is None:
+                self.problem(parent, f"calls a module that is not its own child ({type(module).__name__}); "
+                                     f"make it an attribute of this module")
+                return output
+            ref = parent.add(Node("child", path, parent.arg(tuple(args)), parent.arg(dict(kwargs)),
+                                  where=user_line(self.skip)))
+            for _, leaf in flatten_args((args, kwargs)):
+                if not _is_tensor(leaf):
+                    continue
+                if leaf is output and getattr(module, "inplace", False):  # ReLU(inplace=True): its aliases changed too
+                    parent.mark_aliases_stale(leaf, f"{path} (in place)")
+                elif _changed_inside(frame, leaf):
+                    parent.stale[id(leaf)] = f"{path} (changed in place there)"
+            parent.bind(output, ref)
+        return output
+
+    def _finish(self, frame: Frame, module, output) -> None:
+        state_out = {}
+        for name, before in frame.buffers_before.items():
+            now = module._buffers.get(name)
+            hit = frame.known.get(id(now)) if now is not None else None
+            if now is not before and hit is None:
+                state_out[name] = frame.tensor_ref(now)
+            elif hit is not None and hit[0] is now and frame.nodes[hit[1].node].kind != "buffer":
+                state_out[name] = hit[1]
+        graph = Graph(_signature(module), frame.nodes, frame.inputs, frame.constants, frame.arg(output), state_out)
+        per_mode = self.rec.graphs.setdefault(id(module), {}).setdefault(self.mode, [])
+        if all(g.key() != graph.key() for g in per_mode):
+            per_mode.append(graph)
+
+    # ---- torch calls
+    def call(self, func, args, kwargs):
+        import torch
+
+        frame = self.stack[-1] if self.stack else None
+        if frame is None or frame.silent:
+            return func(*args, **kwargs)
+        name = self.canonical(func)
+        short = name.split(".", 1)[-1] if name else getattr(func, "__name__", repr(func))
+        where = user_line(self.skip)
+        if short in self.refused or name in self.refused:
+            self.problem(frame, self.refused.get(name, self.refused.get(short)), name or short)
+            return func(*args, **kwargs)
+        grad = torch.is_grad_enabled()
+        out = func(*args, **kwargs)
+        with _quiet(self):
+            return self._recorded(frame, func, name, short, where, grad, args, kwargs, out)
+
+    def _recorded(self, frame, func, name, short, where, grad, args, kwargs, out):
+        if name in _FACTS:
+            return out  # facts about the tensor that hold at replay too, or printing
+        op = self.lookup(name) if name else None
+        if op is None:
+            self.problem(frame, "no JAX form in funcnet.interop.ops (the op table)", name or short)
+        ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
+                             no_grad=not grad, where=where))
+        mutates = tuple(getattr(op, "mutates", ()) or ())
+        inplace = _in_place(name or short)
+        if mutates:
+            for k, i in enumerate(mutates):
+                if i < len(args) and _is_tensor(args[i]):
+                    frame.mark_aliases_stale(args[i], where)
+                    frame.bind(args[i], Ref(ref.node, (1, k)))
+            ref = Ref(ref.node, (0,))
+        elif inplace and args and _is_tensor(args[0]):
+            frame.mark_aliases_stale(args[0], where)
+            frame.bind(args[0], ref)
+        return self._sizes(frame, name, out, ref)
+
+    def _sizes(self, frame, name, out, ref):
+        if name in ("Tensor.size", "Tensor.shape", "Tensor.__len__", "Tensor.dim", "Tensor.ndim", "Tensor.numel",
+                    "Tensor.ndimension", "Tensor.nelement"):
+            if isinstance(out, int):
+                out = Dim(out, ref, frame)
+            else:
+                out = tuple(Dim(v, Ref(ref.node, (i,)), frame) for i, v in enumerate(out))
+            frame.bind(out, ref)
+            return out
+        frame.bind(out, ref)
+        return out
+
+    def data_dependent(self, what: str) -> None:
+        frame = self.stack[-1] if self.stack else None
+        if frame is not None and not frame.silent:
+            self.problem(frame, f"{what}: Python control flow or a Python value taken from a tensor's data cannot "
+                                f"be traced; use torch.where(cond, a, b) or a mask instead of the branch", what)
+
+
+# torch's own bookkeeping that reaches the mode: grad mode (no_grad is read per op instead)
+_PASS = {"_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"}
+
+_FACTS = {f"Tensor.{n}" for n in (
+    "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
+    "is_sparse", "is_leaf", "get_device", "__repr__", "__str__", "__format__", "is_contiguous", "stride",
+    "data_ptr", "element_size", "is_meta", "is_quantized", "is_nested", "names")}
+
+
+class _quiet:
+    """The recorder's own torch calls (reading sizes, storages) are not the model's."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        self.before, self.recorder.busy = self.recorder.busy, True
+
+    def __exit__(self, *exc):
+        self.recorder.busy = self.before
+        return False
+
+
+def _changed_inside(frame: Frame, tensor) -> bool:
+    hit = frame.known.get(id(tensor))
+    return hit is not None and frame.nodes[hit[1].node].kind != "input"
+
+
+def _is_tensor(value) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
+
+
+def _in_place(name: str) -> bool:
+    short = name.rsplit(".", 1)[-1]
+    return (short.endswith("_") and not short.startswith("__")) or (
+        short.startswith("__i") and short.endswith("__") and short not in ("__index__", "__int__", "__invert__",
+                                                                          "__iter__"))
+
+
+def _signature(module) -> inspect.Signature:
+    return inspect.signature(module.forward)
+
+
+def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_container, lookup, canonical,
+           refused) -> Recording:
+    """Run ``root`` in train and in eval mode under the recorder; the module's parameters,
+    buffers, mode and torch's random state are as before afterwards."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    recorder = Recorder(root, is_leaf, is_container, lookup, canonical, refused)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if recorder.busy or getattr(func, "__name__", None) in _PASS:
+                return func(*args, **kwargs)
+            name = canonical(func)
+            if name == "Tensor.__iter__":  # iterating a tensor is unbinding its first axis
+                return iter(recorder.call(torch.Tensor.unbind, args[:1], {}))
+            if name in ("Tensor.__bool__", "Tensor.item", "Tensor.tolist", "Tensor.__int__", "Tensor.__float__",
+                        "Tensor.__index__", "Tensor.numpy"):
+                recorder.data_dependent(name)
+                return func(*args, **kwargs)
+            return recorder.call(func, args, kwargs)
+
+    hooks = []
+    for m in {id(m): m for m in root.modules()}.values():
+        hooks.append(m.register_forward_pre_hook(lambda mod, a, k: recorder.pre(mod, a, k), with_kwargs=True))
+        hooks.append(m.register_forward_hook(lambda mod, a, k, out: recorder.post(mod, a, k, out), with_kwargs=True))
+    saved = {k: v.detach().clone() for k, v in root.state_dict(keep_vars=True).items()}
+    was_training = root.training
+    rng = torch.get_rng_state()
+    try:
+        for mode in ("train", "eval"):
+            recorder.mode = mode
+            root.train(mode == "train")
+            with Mode():
+                root(*example_args, **example_kwargs)
+            torch.set_rng_state(rng)
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for k, v in root.state_dict(keep_vars=True).items():
+                if k in saved:
+                    v.copy_(saved[k])
+        root.train(was_training)
+        torch.set_rng_state(rng)
+    return recorder.rec

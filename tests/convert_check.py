@@ -1,0 +1,140 @@
+"""The oracle for interop.convert: a zoo model converted, then run beside torch itself.
+
+``check(name, dtype)`` returns the largest relative differences from torch: the eval
+forward, the train forward, the loss, the gradients, the state (buffers) after a train
+step and the parameters after ``steps`` SGD steps. Run as a script (``python
+tests/convert_check.py float64``, with JAX_ENABLE_X64=1) it prints them for every zoo
+model as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from convert_zoo import ZOO  # noqa: E402
+
+import funcnet  # noqa: E402
+from funcnet import interop, nn  # noqa: E402
+
+
+def _cast(tree, dtype):
+    if isinstance(tree, torch.Tensor):
+        return tree.to(dtype) if tree.is_floating_point() else tree
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_cast(t, dtype) for t in tree)
+    if isinstance(tree, dict):
+        return {k: _cast(v, dtype) for k, v in tree.items()}
+    return tree
+
+
+def to_jax(tree):
+    if isinstance(tree, torch.Tensor):
+        return jnp.asarray(tree.detach().numpy())
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(to_jax(t) for t in tree)
+    if isinstance(tree, dict):
+        return {k: to_jax(v) for k, v in tree.items()}
+    return tree
+
+
+def _leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        return [x for t in tree for x in _leaves(t)]
+    if isinstance(tree, dict):
+        return [x for t in tree.values() for x in _leaves(t)]
+    return [] if tree is None else [tree]
+
+
+def loss_of(y, xp):
+    """The sum of the mean squares of every floating output (a model's own loss is one of them)."""
+    total = 0.0
+    for t in _leaves(y):
+        if xp is torch and t.is_floating_point():
+            total = total + t.pow(2).mean()
+        elif xp is jnp and jnp.issubdtype(t.dtype, jnp.floating):
+            total = total + jnp.mean(t ** 2)
+    return total
+
+
+def rel(a, b) -> float:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b.detach().numpy() if isinstance(b, torch.Tensor) else b, dtype=np.float64)
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+
+
+def tree_rel(ours, theirs) -> float:
+    a, b = _leaves(ours), _leaves(theirs)
+    if len(a) != len(b):
+        return float("inf")
+    return max([rel(x, y) for x, y in zip(a, b)], default=0.0)
+
+
+def check(name: str, dtype=torch.float32, steps: int = 3, lr: float = 0.05) -> dict:
+    module, args, kwargs = ZOO[name]()
+    module = module.to(dtype)
+    args, kwargs = _cast(args, dtype), _cast(kwargs, dtype)
+    model, params, state = interop.convert(module, *args, **kwargs)
+    jargs, jkwargs = to_jax(args), to_jax(kwargs)
+    out = {}
+
+    module.eval()
+    with torch.no_grad():
+        out["eval"] = tree_rel(nn.call(model, params, state, *jargs, **jkwargs)[0], module(*args, **kwargs))
+
+    module.train()
+    opt = torch.optim.SGD(module.parameters(), lr=lr)
+    tx = optax.sgd(lr)
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, state, opt_state):
+        def f(p):
+            y, s = nn.call(model, p, state, *jargs, train=True, key=jax.random.key(0), **jkwargs)
+            return loss_of(y, jnp), (y, s)
+
+        (loss, (y, new_state)), grads = jax.value_and_grad(f, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), new_state, opt_state, loss, y, grads
+
+    for i in range(steps):
+        opt.zero_grad()
+        y_t = module(*args, **kwargs)
+        loss_t = loss_of(y_t, torch)
+        loss_t.backward()
+        params, state, opt_state, loss, y, grads = step(params, state, opt_state)
+        if i == 0:
+            out["train"] = tree_rel(y, y_t)
+            out["loss"] = rel(loss, loss_t)
+            named = dict(module.named_parameters(remove_duplicate=False))
+            ours = funcnet.state_dict(grads)
+            out["grads"] = max(rel(ours[k], named[k].grad) for k in ours)
+        opt.step()
+    ours = funcnet.state_dict(params, state)
+    theirs = module.state_dict()
+    out["keys"] = 0.0 if list(ours) == list(theirs) or set(ours) == set(theirs) else float("inf")
+    out["params_after"] = max(rel(ours[k], theirs[k].float() if dtype == torch.float32 else theirs[k])
+                              for k in theirs if theirs[k].is_floating_point())
+    out["state_after"] = max([rel(ours[k], theirs[k]) for k in theirs if not theirs[k].is_floating_point()]
+                             + [0.0])
+    return out
+
+
+if __name__ == "__main__":
+    dtype = {"float64": torch.float64, "float32": torch.float32}[sys.argv[1]]
+    names = sys.argv[2:] or list(ZOO)
+    torch.set_num_threads(1)
+    print(json.dumps({n: check(n, dtype) for n in names}))
