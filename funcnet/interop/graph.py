@@ -60,6 +60,7 @@ class Graph:
     constants: dict  # (argument name, path) -> the constant argument recorded there (None, flags, ...)
     output: Any  # tree of Refs and constants
     state_out: dict  # own buffer name -> Ref of its new value
+    names: dict = dataclasses.field(default_factory=dict)  # Ref -> the user's variable name for that value
 
     def key(self) -> tuple:
         return (tuple(n.key() for n in self.nodes), _frozen(self.output), _frozen(self.state_out))

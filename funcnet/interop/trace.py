@@ -88,6 +88,7 @@ class Frame:
     inputs: dict = dataclasses.field(default_factory=dict)
     constants: dict = dataclasses.field(default_factory=dict)
     buffers_before: dict = dataclasses.field(default_factory=dict)
+    names: dict = dataclasses.field(default_factory=dict)  # Ref -> variable name in the user's code
 
     def add(self, node: Node) -> Ref:
         self.nodes.append(node)
@@ -299,7 +300,8 @@ class Recorder:
                 state_out[name] = frame.tensor_ref(now)
             elif hit is not None and hit[0] is now and frame.nodes[hit[1].node].kind != "buffer":
                 state_out[name] = hit[1]
-        graph = Graph(_signature(module), frame.nodes, frame.inputs, frame.constants, frame.arg(output), state_out)
+        graph = Graph(_signature(module), frame.nodes, frame.inputs, frame.constants, frame.arg(output), state_out,
+                      frame.names)
         per_mode = self.rec.graphs.setdefault(id(module), {}).setdefault(self.mode, [])
         if all(g.key() != graph.key() for g in per_mode):
             per_mode.append(graph)
@@ -354,6 +356,19 @@ class Recorder:
             return out
         frame.bind(out, ref)
         return out
+
+    def name_locals(self, variables: dict) -> None:
+        """Give the values bound to the user's variables (at a line of their code) those names."""
+        frame = self.stack[-1] if self.stack else None
+        if frame is None or frame.silent:
+            return
+        for var, value in variables.items():
+            if var == "self" or var.startswith("_"):
+                continue
+            for item in (value if isinstance(value, (tuple, list)) and len(value) < 16 else (value,)):
+                hit = frame.known.get(id(item))
+                if hit is not None and hit[0] is item and hit[1] not in frame.names:
+                    frame.names[hit[1]] = var
 
     def data_dependent(self, what: str) -> None:
         frame = self.stack[-1] if self.stack else None
@@ -437,12 +452,27 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
     saved = {k: v.detach().clone() for k, v in root.state_dict(keep_vars=True).items()}
     was_training = root.training
     rng = torch.get_rng_state()
+    def local(frame, event, arg):
+        if event in ("line", "return") and not recorder.busy:
+            with _quiet(recorder):
+                recorder.name_locals(frame.f_locals)
+        return local
+
+    def calls(frame, event, arg):  # trace the user's own code only (variable names for to_source)
+        name = os.path.abspath(frame.f_code.co_filename)
+        return local if event == "call" and not name.startswith(recorder.skip) and "<frozen" not in name else None
+
+    previous = sys.gettrace()
     try:
         for mode in ("train", "eval"):
             recorder.mode = mode
             root.train(mode == "train")
-            with Mode():
-                root(*example_args, **example_kwargs)
+            sys.settrace(calls)
+            try:
+                with Mode():
+                    root(*example_args, **example_kwargs)
+            finally:
+                sys.settrace(previous)
             torch.set_rng_state(rng)
     finally:
         for h in hooks:
