@@ -364,7 +364,8 @@ def _register_table():
     register(_names("bitwise_not") + ["Tensor.__invert__"], bitwise_not, lambda a, k: f"~{strong(a[0])}")
     register(_names("round"), round, lambda a, k: call("jnp.round", a + list(k.values())))
     register(_names("square"), square, lambda a, k: f"{strong(a[0])} ** 2")
-    register(["torch.einsum"], einsum, lambda a, k: call("jnp.einsum", a))
+    register(["torch.einsum"], einsum, lambda a, k: call("jnp.einsum", a[:1] + (
+        [a[1][1:-1]] if len(a) == 2 and a[1][:1] + a[1][-1:] in ("[]", "()") else a[1:])))
     for name, jfn in (("exp", jnp.exp), ("exp2", jnp.exp2), ("expm1", jnp.expm1), ("log", jnp.log),
                       ("log2", jnp.log2), ("log10", jnp.log10), ("log1p", jnp.log1p), ("sqrt", jnp.sqrt),
                       ("sin", jnp.sin), ("cos", jnp.cos), ("tan", jnp.tan), ("asin", jnp.arcsin),

@@ -40,6 +40,9 @@ def canonical(func) -> str | None:
 
         if getattr(torch.nn.functional, name, None) is None:
             return f"torch._C._nn.{name}"
+    sub = prefix.rpartition(".")[2]
+    if prefix != "torch" and name.startswith(sub + "_"):  # torch._C._linalg.linalg_vector_norm
+        name = name[len(sub) + 1:]
     return f"{prefix}.{name}"
 
 

@@ -329,19 +329,21 @@ def _register_table():
     register(["Tensor.tensor_split", "torch.tensor_split"], tensor_split, None)
     register(["Tensor.unbind", "torch.unbind"], unbind, None)
 
-    def cat_source(a, k):
-        kw = {"axis": v for n, v in k.items() if n in ("dim", "axis")}
-        return call("jnp.concatenate", a[:1] + [f"axis={a[1]}"] * (len(a) > 1), kw)
+    def axis_source(jname):
+        def render(a, k):
+            axis = a[1:2] + [v for n, v in k.items() if n in ("dim", "axis")]
+            return call(f"jnp.{jname}", a[:1], {"axis": axis[0]} if axis and axis[0] != "0" else {})
 
-    register(["torch.cat", "torch.concat", "torch.concatenate"], cat, cat_source)
-    register(["torch.stack"], stack, lambda a, k: call("jnp.stack", a[:1] + [f"axis={a[1]}"] * (len(a) > 1),
-                                                        {"axis": v for v in k.values()}))
+        return render
+
+    register(["torch.cat", "torch.concat", "torch.concatenate"], cat, axis_source("concatenate"))
+    register(["torch.stack"], stack, axis_source("stack"))
     register(["torch.hstack"], hstack, None)
     register(["torch.vstack"], vstack, None)
     register(["Tensor.narrow", "torch.narrow"], narrow, None)
     register(["Tensor.flip", "torch.flip"], flip, lambda a, k: call("jnp.flip", [a[0], _dims_tuple(a[1:] or [k["dims"]])]))
-    register(["Tensor.roll", "torch.roll"], roll, lambda a, k: call("jnp.roll", a, {"axis" if n == "dims" else n: v
-                                                                                    for n, v in k.items()}))
+    register(["Tensor.roll", "torch.roll"], roll, lambda a, k: call("jnp.roll", a, {
+        {"dims": "axis", "shifts": "shift"}[n]: v for n, v in k.items()}))
     register(["Tensor.movedim", "torch.movedim", "Tensor.moveaxis", "torch.moveaxis"], movedim,
              lambda a, k: call("jnp.moveaxis", a + list(k.values())))
     register(["Tensor.size"], size, lambda a, k: f"{atom(a[0])}.shape" + (f"[{(a[1:] + list(k.values()))[0]}]"
