@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
+import torch.nn.functional as F_  # noqa: E402
+
 from funcnet.interop import ops  # noqa: E402
 from funcnet.nn import functional as F  # noqa: E402
 
@@ -34,15 +36,19 @@ class Record(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        before = _clone(args)
+        before, kw_before = _clone(args), _clone(dict(kwargs))
         out = func(*args, **kwargs)
-        self.calls.append((func, before, dict(kwargs), args, out))
+        self.calls.append((func, before, kw_before, (_clone(args), _clone(dict(kwargs))), _clone(out)))
         return out
 
 
 def _clone(value):
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return tuple(_clone(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
         return type(value)(_clone(v) for v in value)
     return value
@@ -120,21 +126,61 @@ def render_value(value, env):
 _UNDEFINED_VALUES = {"torch.empty", "torch.empty_like", "Tensor.new_empty"}
 
 
-def replay(call, keys):
+def _is_array(v):
+    return hasattr(v, "shape") and hasattr(v, "dtype") and not isinstance(v, (type, np.dtype))
+
+
+def _tensors_only(value):
+    leaves = jax.tree.leaves(to_jax(value), is_leaf=lambda v: v is None)
+    return all(v is None or _is_array(v) for v in leaves)
+
+
+def evaluate(op, jargs, jkwargs, text, env, key_seed, compiled):
+    """``(fn(*args, **kwargs), eval(text))``, compiled as one program when the results are
+    arrays (one compilation per call instead of one per primitive keeps the table fast)."""
+    scope = {"F": F, "jnp": jnp, "ops": ops}
+
+    def both(a, k, e):
+        if op.random:
+            k = {**k, "key": jax.random.key(key_seed)}
+            e = {**e, "key": jax.random.key(key_seed)}
+        return op.fn(*a, **k), eval(text, {**scope, **e})  # noqa: S307
+
+    if not compiled:
+        return both(jargs, jkwargs, env)
+    leaves, tree = jax.tree.flatten((jargs, jkwargs, env), is_leaf=lambda v: v is None)
+    where = [i for i, v in enumerate(leaves) if _is_array(v)]
+
+    def run(*arrays):
+        full = list(leaves)
+        for i, a in zip(where, arrays):
+            full[i] = a
+        return both(*jax.tree.unflatten(tree, full))
+
+    return jax.jit(run)(*[leaves[i] for i in where])
+
+
+def replay(call, key_seed):
     """Run one recorded call through the table: compare with torch, and the source with fn."""
     func, args, kwargs, after, out = call
     name = ops.canonical(func)
     op = ops.lookup(name) if name else None
     assert op is not None, f"no op for {func!r} (canonical {name!r})"
     jargs, jkwargs = to_jax(args), to_jax(kwargs)
+    env = {}
+    rargs = [render_value(a, env) for a in jargs]
+    rkwargs = {k: render_value(v, env) for k, v in jkwargs.items()}
     if op.random:
-        jkwargs["key"] = jax.random.key(keys)
-    got = op.fn(*jargs, **jkwargs)
+        rkwargs["key"] = "key"
+    text = op.render(rargs, rkwargs)
+    got, value = evaluate(op, jargs, jkwargs, text, env, key_seed,
+                          compiled=_tensors_only(out) and (not op.mutates or _tensors_only(after)))
     if op.mutates:
         result, new = got
         assert len(new) == len(op.mutates), name
-        for i, value in zip(op.mutates, new):
-            assert_same(value, to_jax(after[i]), f"{name} argument {i} after the call")
+        for place, v in zip(ops.mutated_places(op, jargs, jkwargs), new):
+            torch_after = after[0][place] if isinstance(place, int) else after[1][place]
+            assert_same(v, to_jax(torch_after), f"{name} argument {place} after the call")
         if out is not None and not op.random:
             assert_same(result, to_jax(out), name)
     elif name in _UNDEFINED_VALUES:  # torch.empty: only the shape and dtype mean something
@@ -142,15 +188,9 @@ def replay(call, keys):
         assert_same(got.dtype, to_jax(out.dtype), name)
     elif not op.random:
         assert_same(got, to_jax(out), name)
+    else:  # the same distribution, not the same numbers: shape and dtype as torch
+        assert_same(jax.tree.map(jnp.shape, got), jax.tree.map(lambda v: tuple(v.shape), out), name)
     # the rendered source evaluates to what fn returns
-    env = {}
-    rargs = [render_value(a, env) for a in jargs]
-    rkwargs = {k: render_value(v, env) for k, v in jkwargs.items() if k != "key"}
-    if op.random:
-        rkwargs["key"] = "key"
-        env["key"] = jax.random.key(keys)
-    text = op.render(rargs, rkwargs)
-    value = eval(text, {"F": F, "jnp": jnp, "ops": ops, **env})  # noqa: S307
     if _jax_promotes_differently(jargs):
         # the source writes the operator (x * 0.5, jnp.exp(i)), which promotes as JAX does: with
         # x64 on an int tensor times a float is float64 there, float32 in torch and in fn
@@ -288,7 +328,48 @@ CASES = {
                                       torch.full_like(t["x"], 7), torch.empty_like(t["m"]).shape,
                                       t["x"].new_zeros(2, 3), t["x"].new_ones((3,)), t["k"].new_full((2,), 4),
                                       t["x"].new_tensor([1, 2]), t["x"].new_empty(2).shape],
+    "functional": lambda t: [F_.relu(t["x"]), F_.relu(t["x"], inplace=True), F_.linear(t["x"], t["n"].T, t["n"][0]),
+                             F_.conv2d(t["img"], t["img"][:3, :, :3, :3], padding=1, stride=2),
+                             F_.max_pool2d(t["img"], 2), F_.adaptive_avg_pool2d(t["img"], 1),
+                             F_.batch_norm(t["img"], t["v"].clone(), t["c"][0, 0].clone(), training=True),
+                             F_.batch_norm(t["img"], t["v"], t["c"][0, 0], t["v"], t["v"], training=False),
+                             F_.batch_norm(t["img"], None, None, training=True),
+                             F_.instance_norm(t["img"], t["v"].clone(), t["c"][0, 0].clone(), use_input_stats=True),
+                             F_.layer_norm(t["x"], (4,), t["v"], t["v"]), F_.gelu(t["x"], approximate="tanh"),
+                             F_.dropout(t["x"], 0.5, training=False), F_.dropout(t["x"], 0.5),
+                             F_.dropout(t["x"], p=0.1, training=True),
+                             F_.scaled_dot_product_attention(t["x"], t["y"], t["x"], is_causal=True),
+                             F_.scaled_dot_product_attention(t["x"], t["y"], t["x"], dropout_p=0.2),
+                             F_.interpolate(t["img"], scale_factor=2, mode="nearest"), F_.softmax(t["x"], dim=-1),
+                             F_.cross_entropy(t["m"], t["i"][0]), F_.embedding(t["i"], t["m"]),
+                             F_.pad(t["x"], (1, 2)), F_.hardswish(t["x"]), F_.relu6(t["x"] * 6)],
+    "random": lambda t: [torch.randn_like(t["x"]), torch.rand(2, 3), torch.randint(0, 5, (3,)),
+                         torch.bernoulli(t["c"] / 3), torch.multinomial(t["c"][0], 2), t["x"].bernoulli_(0.3)],
+    "inplace": lambda t: _inplace(t),
 }
+
+
+def _inplace(t):
+    z = t["x"].clone()
+    z += 1
+    z.add_(t["y"], alpha=0.5)
+    z.mul_(2)
+    z -= t["y"]
+    z /= 3
+    z[0] = 1.5
+    z[:, 1] = t["y"][:, 1]
+    z[:, :, 0] += t["v"][:3]
+    z[t["i"][0] % 2, 1:] = 0.0
+    z.masked_fill_(z > 1, 0.25)
+    z.clamp_(min=-1)
+    z.relu_()
+    w = t["m"].clone()
+    w.fill_(3)
+    w.zero_()
+    w.copy_(t["v"])
+    w.exp_()
+    w.index_add_(0, t["i"][0], t["m"][:3])
+    return z, w
 
 
 @pytest.fixture(scope="module")

@@ -27,8 +27,9 @@ class Op:
       argument strings; ``None`` writes ``ops.<fn.__name__>(...)``. The string evaluates (with
       ``F``, ``jnp`` and ``ops`` in scope) to what ``fn`` returns.
     - ``random``: ``fn`` takes ``key=``, a fresh PRNG key.
-    - ``mutates``: positional arguments torch changes in place; ``fn`` then returns
-      ``(result, (new value of each, ...))``.
+    - ``mutates``: the arguments (by position in torch's signature) torch changes in place;
+      ``fn`` then returns ``(result, (new value of each, ...))``. A call may pass them by
+      keyword: ``mutated_places`` says where they are.
     """
 
     fn: Callable
@@ -43,6 +44,14 @@ class Op:
 
 
 OPS: dict[str, Op] = {}
+
+
+def mutated_places(op: Op, args, kwargs) -> list:
+    """Where each argument of ``op.mutates`` sits in one call: its position in ``args``, or its
+    keyword in ``kwargs`` (torch's Python functionals pass some by keyword: F.instance_norm
+    hands ``running_mean=`` to TorchFunctionMode). The i-th parameter of ``op.fn`` is torch's."""
+    names = list(inspect.signature(op.fn).parameters)
+    return [i if i < len(args) else names[i] for i in op.mutates]
 
 
 def register(names, fn, source=None, *, random: bool = False, mutates: tuple[int, ...] = ()) -> None:
