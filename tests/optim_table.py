@@ -74,21 +74,22 @@ CASES = {
 }
 
 
-def _model():
+def _model(dtype=torch.float64):
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).double()
+    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).to(dtype)
 
 
-def _data():
+def _data(dtype=np.float64):
     rng = np.random.default_rng(0)
-    return rng.standard_normal((16, 3)), rng.standard_normal((16, 2))
+    return rng.standard_normal((16, 3)).astype(dtype), rng.standard_normal((16, 2)).astype(dtype)
 
 
-def _torch_run(case, scale=1.0):
-    """torch's parameters after STEPS steps, from the initial ones times ``scale``."""
+def _torch_run(case, scale=1.0, dtype=torch.float64, steps=STEPS):
+    """torch's parameters after ``steps`` steps, from the initial ones times ``scale``, and
+    ``(params, transform)`` converted before the first step."""
     make_opt, make_sched, options = CASES[case]
-    x, y = (torch.from_numpy(a) for a in _data())
-    model = _model()
+    x, y = (torch.from_numpy(a) for a in _data(str(dtype).removeprefix("torch.")))
+    model = _model(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(scale)
@@ -100,7 +101,7 @@ def _torch_run(case, scale=1.0):
         sched.step()  # a scheduler restored at a later epoch (its optimizer is fresh)
     converted = _convert(case, model, opt, sched)  # before torch's first step, from the same values
     per_epoch = options.get("steps_per_epoch", 1)
-    for step in range(STEPS):
+    for step in range(steps):
         opt.zero_grad()
         torch.mean((model(x) - y) ** 2).backward()
         opt.step()
@@ -119,12 +120,12 @@ def _convert(case, model, opt, sched):
                                              **kwargs)
 
 
-def _jax_run(params, tx):
+def _jax_run(params, tx, steps=STEPS):
     import jax
     import jax.numpy as jnp
     import optax
 
-    x, y = _data()
+    x, y = _data(params["0"]["weight"].dtype)
 
     def loss(p):
         h = jnp.tanh(x @ p["0"]["weight"].T + p["0"]["bias"])
@@ -137,7 +138,7 @@ def _jax_run(params, tx):
             updates, state = tx.update(jax.grad(loss)(p), state, p)
             return (optax.apply_updates(p, updates), state), None
 
-        return jax.lax.scan(step, (p, tx.init(p)), None, length=STEPS)[0][0]
+        return jax.lax.scan(step, (p, tx.init(p)), None, length=steps)[0][0]
 
     trained = train(params)
     return {f"{a}.{b}": np.asarray(v) for a, layer in trained.items() for b, v in layer.items()}
@@ -147,20 +148,22 @@ def _error(a, b):
     return max(float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))) for k in b)
 
 
-def run_case(case):
+def run_case(case, dtype=torch.float64, steps=STEPS):
     """``(error, floor, moved)``: the converted transform's relative error against torch;
-    torch's own spread when its initial parameters move by 1e-15 (how much rounding this
-    row's trajectory amplifies); how far torch moved the parameters."""
-    start = {k: v.detach().numpy().copy() for k, v in _model().state_dict().items()}
-    want, (params, tx) = _torch_run(case)
-    got = _jax_run(params, tx)
-    assert all(v.dtype == np.float64 for v in got.values())
-    floor = _error(_torch_run(case, 1 + 1e-15)[0], want)
+    torch's own spread when its initial parameters move by about one rounding (1e-15 in
+    float64, 1e-7 in float32), which shows how much this row's trajectory amplifies rounding;
+    how far torch moved the parameters."""
+    start = {k: v.detach().numpy().copy() for k, v in _model(dtype).state_dict().items()}
+    want, (params, tx) = _torch_run(case, dtype=dtype, steps=steps)
+    got = _jax_run(params, tx, steps)
+    assert all(v.dtype == want[k].dtype for k, v in got.items())
+    floor = _error(_torch_run(case, 1 + (1e-15 if dtype == torch.float64 else 1e-7), dtype, steps)[0], want)
     moved = max(float(np.max(np.abs(want[k] - start[k]))) for k in want)
     return _error(got, want), floor, moved
 
 
 if __name__ == "__main__":
     torch.set_default_dtype(torch.float64)  # torch keeps NAdam's mu_product in the default dtype
+    torch.set_num_threads(1)
     results = {case: run_case(case) for case in (sys.argv[1:] or CASES)}
     print(json.dumps(results))

@@ -25,6 +25,7 @@ which differs as soon as the lr is scheduled.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -81,39 +82,52 @@ def sgd(learning_rate, momentum, *, use_momentum: bool, dampening: float, nester
     return optax.chain(_maximize(maximize), _l2(weight_decay), step, optax.scale_by_learning_rate(learning_rate))
 
 
-class _AmsgradState(NamedTuple):
+def _correction(b, t):
+    """``1 - b**t``, torch's bias correction, which torch computes in Python floats. As
+    ``-expm1(t * log(b))`` with ``log(b)`` taken in float64 here, it keeps float32's precision:
+    ``1 - b**t`` in float32 (as optax.scale_by_adam computes it) starts from b rounded to
+    float32 and loses the leading digits (0.999 -> 1.3e-5 relative error at step 1)."""
+    if isinstance(b, (int, float)):
+        return -jnp.expm1(t * math.log(b))
+    return 1 - b ** t  # a scheduled beta (OneCycleLR's cycle) is an array already
+
+
+class _AdamState(NamedTuple):
     count: jax.Array
     mu: optax.Updates
     nu: optax.Updates
-    nu_max: optax.Updates
+    nu_max: optax.Updates  # AMSGrad's running maximum (empty without it)
 
 
-def _torch_amsgrad(b1, b2, eps: float) -> optax.GradientTransformation:
-    """torch's AMSGrad: ``max_v = max(max_v, v)`` on the raw second moment, then
-    ``(m / (1 - b1**t)) / (sqrt(max_v) / sqrt(1 - b2**t) + eps)``."""
+def _torch_adam(b1, b2, eps: float, amsgrad: bool) -> optax.GradientTransformation:
+    """torch's Adam direction ``(m / (1 - b1**t)) / (sqrt(v) / sqrt(1 - b2**t) + eps)``, with
+    AMSGrad's ``max_v = max(max_v, v)`` taken on the raw second moment."""
 
     def init(params):
         zeros = optax.tree.zeros_like(params)
-        return _AmsgradState(jnp.zeros([], jnp.int32), zeros, zeros, zeros)
+        return _AdamState(jnp.zeros([], jnp.int32), zeros, zeros, zeros if amsgrad else ())
 
     def update(updates, state, params=None):
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu)
+        nu_max = jax.tree.map(jnp.maximum, state.nu_max, nu) if amsgrad else ()
         count = optax.safe_increment(state.count)
         t = _float(count)
-        bc1, bc2_sqrt = 1 - b1 ** t, jnp.sqrt(1 - b2 ** t)
-        out = jax.tree.map(lambda m, v: ((m / bc1) / (jnp.sqrt(v) / bc2_sqrt + eps)).astype(m.dtype), mu, nu_max)
-        return out, _AmsgradState(count, mu, nu, nu_max)
+        bc1, bc2_sqrt = _correction(b1, t), jnp.sqrt(_correction(b2, t))
+
+        def direction(m, v):
+            return ((m / bc1.astype(m.dtype)) / (jnp.sqrt(v) / bc2_sqrt.astype(m.dtype) + eps)).astype(m.dtype)
+
+        out = jax.tree.map(direction, mu, nu_max if amsgrad else nu)
+        return out, _AdamState(count, mu, nu, nu_max)
 
     return optax.GradientTransformation(init, update)
 
 
 def adam(learning_rate, b1, *, b2: float, eps: float, weight_decay: float, decoupled: bool, amsgrad: bool,
          maximize: bool) -> optax.GradientTransformation:
-    # optax.scale_by_adam is torch's m_hat / (sqrt(v_hat) + eps), eps outside the root
-    moments = _torch_amsgrad(b1, b2, eps) if amsgrad else optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+    moments = _torch_adam(b1, b2, eps, amsgrad)
     if decoupled:  # AdamW: param * (1 - lr * wd) - lr * adam = param - lr * (adam + wd * param)
         decay = optax.add_decayed_weights(weight_decay) if weight_decay else optax.identity()
         return optax.chain(_maximize(maximize), moments, decay, optax.scale_by_learning_rate(learning_rate))
@@ -154,7 +168,7 @@ def _torch_nadam(b1, b2: float, eps: float, momentum_decay: float) -> optax.Grad
         product = state.mu_product * mu_t.astype(state.mu_product.dtype)
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
-        bc2 = 1 - b2 ** t
+        bc2 = _correction(b2, t)
         c_grad = (1.0 - mu_t) / (1.0 - product)
         c_avg = mu_next / (1.0 - product * mu_next)
 

@@ -149,10 +149,12 @@ def schedules(scheduler, optimizer, step_scheduler: str, steps_per_epoch: int | 
         lr_fn, momentum_fn = _group_fns(scheduler, i, group)
         want, have = float(np.asarray(lr_fn(jnp.asarray(offset)))), float(group["lr"])
         scale = abs(float(scheduler.base_lrs[i])) if hasattr(scheduler, "base_lrs") else abs(want)
-        if not math.isclose(want, have, rel_tol=1e-9, abs_tol=1e-12 * scale):
+        # torch's lr is a Python float; here it is the default float (float32 without x64)
+        rel = max(1e-9, 1000 * float(jnp.finfo(jnp.result_type(float)).eps))
+        if not math.isclose(want, have, rel_tol=rel, abs_tol=rel * 1e-3 * scale):
             raise ValueError(
-                f"convert_optimizer: param group {i} has lr {have!r}, but {type(scheduler).__name__} at last_epoch="
-                f"{offset} gives {want!r}; the lr was changed outside this scheduler (by hand, or by a second "
+                f"convert_optimizer: param group {i} has lr {have:.8g}, but {type(scheduler).__name__} at last_epoch="
+                f"{offset} gives {want:.8g}; the lr was changed outside this scheduler (by hand, or by a second "
                 f"scheduler on the same optimizer), which the converted schedule cannot know; pass the one "
                 f"scheduler that sets the lr")
         out.append((at(lr_fn), None if momentum_fn is None else at(momentum_fn)))
