@@ -95,8 +95,8 @@ def _torch_run(case, scale=1.0, dtype=torch.float64, steps=STEPS):
             p.mul_(scale)
     if options.get("freeze"):
         model.get_parameter(options["freeze"]).requires_grad_(False)
-    opt = eval(make_opt, {"torch": torch, "P": model.parameters(), "M": model})  # noqa: S307 - the table's own text
-    sched = eval(make_sched, {"torch": torch, "OPT": opt}) if make_sched else None  # noqa: S307
+    opt = eval(make_opt, {"torch": torch, "P": model.parameters(), "M": model})  # the table's own text
+    sched = eval(make_sched, {"torch": torch, "OPT": opt}) if make_sched else None
     for _ in range(options.get("resume", 0)):
         sched.step()  # a scheduler restored at a later epoch (its optimizer is fresh)
     converted = _convert(case, model, opt, sched)  # before torch's first step, from the same values

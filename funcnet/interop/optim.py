@@ -37,8 +37,8 @@ def _betas(group, i):
 
 def _read(name, group, i):
     """``(builder, the name of its momentum argument or None, its other arguments)``."""
-    n = lambda key: _number(group, key, i)  # noqa: E731
-    flag = lambda key: bool(group.get(key, False))  # noqa: E731
+    n = lambda key: _number(group, key, i)
+    flag = lambda key: bool(group.get(key, False))
     if name == "SGD":
         return rules.sgd, "momentum", dict(momentum=n("momentum"), use_momentum=n("momentum") != 0,
                                            dampening=n("dampening"), nesterov=flag("nesterov"),

@@ -3,14 +3,20 @@
 Each builder takes one param group's hyperparameters (torch's names read off the group,
 ``learning_rate`` a float or an optax schedule) and returns the group's
 ``optax.GradientTransformation``. optax's own transforms are used wherever they compute
-torch's formula; the four small transforms below exist because optax's nearest one differs:
+torch's formula (SGD's momentum without dampening, RMSprop, Adamax, Adadelta, the weight
+decays); the four small transforms below exist because optax's nearest one differs:
 
 - SGD with ``dampening``: torch's momentum buffer starts as the first gradient and later
   adds ``(1 - dampening) * g``; ``optax.trace`` has no dampening (it is torch's rule when
   dampening is 0, and is used then).
-- Adam/AdamW with ``amsgrad``: torch keeps the maximum of the raw second moment and divides
-  by the current step's bias correction; ``optax.scale_by_amsgrad`` keeps the maximum of the
-  bias-corrected moments, which differs while the correction changes.
+- Adam/AdamW: ``optax.scale_by_adam`` is torch's formula (eps outside the root), but it
+  computes the bias correction ``1 - b2**t`` in the params' dtype: in float32, from 0.999
+  rounded to float32, that is 1.3e-5 off torch's (Python floats) at step 1, and a run ends
+  7e-6 from torch's after 30 steps, far past float32's rounding. Here it is
+  ``-expm1(t * log(b2))``, ``log`` taken in float64. With ``amsgrad``, torch keeps the
+  maximum of the raw second moment and divides by the current step's correction;
+  ``optax.scale_by_amsgrad`` keeps the maximum of the bias-corrected moments, which differs
+  while the correction changes.
 - Adagrad: torch divides by ``sqrt(sum) + eps`` (eps 1e-10, accumulator from
   ``initial_accumulator_value``, default 0) and decays the lr by ``1 + (step - 1) * lr_decay``;
   ``optax.scale_by_rss`` puts eps inside the square root and has no lr_decay.
