@@ -110,6 +110,8 @@ def test_refuses_unsupported_optimizers_and_a_stepped_one():
 
     _refusal(r"MyAdam is not supported", MyAdam(m.parameters()))
     _refusal(r"expected a torch\.optim optimizer, got dict", {"lr": 0.1})
+    _refusal(r"param_groups\[0\] holds a complex parameter \(torch\.complex64, shape \(2,\)\).*two real parameters",
+             torch.optim.Adam([torch.nn.Parameter(torch.ones(2, dtype=torch.complex64))]))
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     m(torch.ones(1, 2)).sum().backward()
     opt.step()

@@ -90,6 +90,13 @@ def _check_optimizer(torch_optimizer):
         raise ValueError(f"convert_optimizer: {type(torch_optimizer).__module__}.{type(torch_optimizer).__qualname__} "
                          f"is not supported; supported: torch.optim {', '.join(SUPPORTED_OPTIMIZERS)} (write the "
                          f"rule as an optax chain otherwise)")
+    for i, group in enumerate(torch_optimizer.param_groups):
+        for p in group["params"]:
+            if p.is_complex():
+                raise ValueError(f"convert_optimizer: param_groups[{i}] holds a complex parameter ({p.dtype}, shape "
+                                 f"{tuple(p.shape)}); torch's rules treat its real and imaginary parts as separate "
+                                 f"real numbers (view_as_real), the converted rules would not; keep the real and "
+                                 f"imaginary parts as two real parameters")
     stepped = sum(1 for s in torch_optimizer.state.values()
                   if float(s.get("step", 0)) > 0 or s.get("momentum_buffer") is not None)
     if stepped:
