@@ -158,6 +158,10 @@ def test_refuses_unclear_stepping_and_groups_without_names():
     _refusal(r"the SGD has 2 param groups; pass module=", two, params=params)
     part = torch.optim.SGD(m[1].parameters(), lr=0.1)
     _refusal(r"params has 4 arrays but the SGD holds 2 parameters; pass module=", part, params=params)
+    _refusal(r"module= must be the torch\.nn\.Module the optimizer was built on, got dict", part, module=params)
+    m[1].bias.requires_grad_(False)
+    _refusal(r"the SGD holds 1 parameters with requires_grad=False, which torch does not update; pass module=", part)
+    m[1].bias.requires_grad_(True)
     _refusal(r"the params tree has '0\.kernel', which is not a parameter name of module= \(Sequential\)",
              part, params={"0": {"kernel": jnp.ones(2)}}, module=m)
     _refusal(r"param_groups\[0\] holds a tensor of shape \(1, 3\) that is not a parameter of module= \(Linear\)",

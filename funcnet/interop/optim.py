@@ -192,6 +192,11 @@ def convert_optimizer(torch_optimizer: Any, scheduler: Any = None, params: Any =
         if len(groups) != 1:
             raise ValueError(f"convert_optimizer: the {name} has {len(groups)} param groups; pass module= (the torch "
                              f"module it was built on) so that each parameter is found by its torch name")
+        frozen = sum(1 for p in groups[0]["params"] if not p.requires_grad)
+        if frozen:
+            raise ValueError(f"convert_optimizer: the {name} holds {frozen} parameters with requires_grad=False, "
+                             f"which torch does not update; pass module= so that they are found by name and left "
+                             f"as they are")
         if params is not None:
             leaves, held = len(jax.tree.leaves(params)), len(groups[0]["params"])
             if leaves != held:
@@ -200,6 +205,9 @@ def convert_optimizer(torch_optimizer: Any, scheduler: Any = None, params: Any =
                                  f"(the others are then left as they are)")
         return transforms["param_groups[0]"]
 
+    if not hasattr(module, "named_parameters"):
+        raise TypeError(f"convert_optimizer: module= must be the torch.nn.Module the optimizer was built on, got "
+                        f"{type(module).__name__}")
     labels, used = _labeller(torch_optimizer, module)
     if params is not None:
         labels(params)  # every leaf is a torch name: checked now, not at the first step
