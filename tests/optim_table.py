@@ -162,8 +162,67 @@ def run_case(case, dtype=torch.float64, steps=STEPS):
     return _error(got, want), floor, moved
 
 
+CONVERTED = "interop.convert model + AdamW + OneCycleLR, 50 steps"
+
+
+def run_converted_model(steps=50):
+    """A torch model through ``interop.convert`` and its optimizer through
+    ``convert_optimizer``, trained beside torch: ``(error, floor, moved)`` as ``run_case``."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import funcnet
+    from funcnet import interop, nn
+
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((16, 6)), rng.standard_normal((16, 3))
+
+    def torch_run(scale):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LayerNorm(8), torch.nn.GELU(),
+                                  torch.nn.Linear(8, 3)).double()
+        with torch.no_grad():
+            for p in net.parameters():
+                p.mul_(scale)
+        opt = torch.optim.AdamW([{"params": [net[0].weight, net[3].weight]},
+                                 {"params": [net[0].bias, net[1].weight, net[1].bias, net[3].bias],
+                                  "weight_decay": 0.0}], lr=1e-3)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.02, total_steps=steps)
+        model, params, state = interop.convert(net)
+        tx = interop.convert_optimizer(opt, sched, params, module=net)
+        start = {k: v.detach().numpy().copy() for k, v in net.state_dict().items()}
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.mean((net(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).backward()
+            opt.step()
+            sched.step()
+        return {k: v.detach().numpy() for k, v in net.state_dict().items()}, start, (model, params, state, tx)
+
+    want, start, (model, params, state, tx) = torch_run(1.0)
+
+    def loss(p):
+        out, _ = nn.call(model, p, state, jnp.asarray(x), train=True)
+        return jnp.mean((out - y) ** 2)
+
+    @jax.jit
+    def train(p):
+        def step(carry, _):
+            p, opt_state = carry
+            updates, opt_state = tx.update(jax.grad(loss)(p), opt_state, p)
+            return (optax.apply_updates(p, updates), opt_state), None
+
+        return jax.lax.scan(step, (p, tx.init(p)), None, length=steps)[0][0]
+
+    got = {k: np.asarray(v) for k, v in funcnet.state_dict(train(params), {}, model=model).items()}
+    floor = _error(torch_run(1 + 1e-15)[0], want)
+    return _error(got, want), floor, max(float(np.max(np.abs(want[k] - start[k]))) for k in want)
+
+
 if __name__ == "__main__":
     torch.set_default_dtype(torch.float64)  # torch keeps NAdam's mu_product in the default dtype
     torch.set_num_threads(1)
     results = {case: run_case(case) for case in (sys.argv[1:] or CASES)}
+    if not sys.argv[1:]:
+        results[CONVERTED] = run_converted_model()
     print(json.dumps(results))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from funcnet import interop, nn
-from tests.optim_table import CASES
+from tests.optim_table import CASES, CONVERTED
 
 TABLE = Path(__file__).with_name("optim_table.py")
 
@@ -38,6 +38,14 @@ def test_table_matches_torch_over_100_float64_steps(table, case):
     # the row is well conditioned: torch itself, started 1e-15 away, ends within 1e-13
     assert floor < 1e-13, f"{case}: torch's own spread is {floor:.1e}; pick hyperparameters that do not amplify rounding"
     assert error < 1e-12, f"{case}: converted optimizer is {error:.1e} (relative) from torch after 100 steps"
+
+
+def test_a_converted_model_trains_with_its_converted_optimizer_as_torch_does(table):
+    # interop.convert's model, AdamW in two groups (no decay on biases and norms), OneCycleLR
+    # cycling beta1: 50 float64 steps beside torch's loop
+    error, floor, moved = table[CONVERTED]
+    assert moved > 0.05 and floor < 1e-13
+    assert error < 1e-12, f"converted model and optimizer are {error:.1e} from torch after 50 steps"
 
 
 def _tied():
