@@ -186,3 +186,41 @@ def test_float32_stays_within_torchs_own_rounding(case):
     error, floor, _ = run_case(case, torch.float32, steps=30)
     assert floor < 1e-6, f"{case}: torch's own float32 spread is {floor:.1e}"
     assert error < 2e-6, f"{case}: float32 converted optimizer is {error:.1e} from torch after 30 steps (spread {floor:.1e})"
+
+
+SCHEDULERS = {
+    "ExponentialLR": lambda o, S: S.ExponentialLR(o, gamma=0.997),
+    "StepLR": lambda o, S: S.StepLR(o, step_size=7, gamma=0.93),
+    "MultiStepLR": lambda o, S: S.MultiStepLR(o, milestones=[50, 120, 120], gamma=0.3),
+    "LinearLR": lambda o, S: S.LinearLR(o, start_factor=0.05, end_factor=0.8, total_iters=90),
+    "CosineAnnealingLR": lambda o, S: S.CosineAnnealingLR(o, T_max=70, eta_min=0.01),
+    "OneCycleLR": lambda o, S: S.OneCycleLR(o, max_lr=[1.0, 0.4], total_steps=1000, pct_start=0.35),
+    "OneCycleLR-3phase-linear": lambda o, S: S.OneCycleLR(o, max_lr=1.0, total_steps=1000, three_phase=True,
+                                                          anneal_strategy="linear"),
+    "SequentialLR": lambda o, S: S.SequentialLR(o, [S.LinearLR(o, 0.1, total_iters=30), S.StepLR(o, 100, 0.5),
+                                                    S.CosineAnnealingLR(o, T_max=200)], milestones=[40, 500]),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_float32_schedules_follow_torchs_lr_for_1000_steps(name):
+    # torch's own group["lr"] after each scheduler.step() (Python floats) is the oracle; the
+    # converted schedule runs in float32 (x64 off) for both param groups
+    from funcnet.interop.schedules import schedules
+
+    w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+    opt = torch.optim.SGD([{"params": [w]}, {"params": [b], "lr": 0.4}], lr=1.0, momentum=0.9)
+    sched = SCHEDULERS[name](opt, torch.optim.lr_scheduler)
+    fns = schedules(sched, opt, "step", None)
+    counts = jnp.arange(1000)
+    got = [np.asarray(jax.jit(jax.vmap(lr))(counts)) for lr, _ in fns]
+    want = [[], []]
+    with pytest.warns(UserWarning, match="before `optimizer.step\\(\\)`"):
+        for _ in range(1000):
+            for i, group in enumerate(opt.param_groups):
+                want[i].append(group["lr"])
+            sched.step()
+    for i in range(2):
+        assert got[i].dtype == np.float32
+        # float32's rounding (6e-8) times a few: optax.exponential_decay's gamma**1000 is 2e-5 off
+        np.testing.assert_allclose(got[i], np.array(want[i]), rtol=1e-6, atol=1e-7 * max(want[i]), err_msg=name)

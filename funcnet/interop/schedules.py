@@ -6,11 +6,12 @@ a function of that count. ``schedules(...)`` then maps optax's update count to t
 epoch: ``last_epoch + count`` when ``scheduler.step()`` follows every optimizer step,
 ``last_epoch + count // steps_per_epoch`` when it runs once per epoch, so a scheduler the
 user has already stepped continues from where it is. optax.schedules is used where its
-formula is torch's (ExponentialLR, StepLR, MultiStepLR, LinearLR); CosineAnnealingLR is
-written out because torch's curve keeps going past ``T_max`` (back up, period
-``2 * T_max``) where optax's cosine_decay_schedule stays at its end value, and OneCycleLR
-because torch's phase boundaries (``pct_start * total_steps - 1``, as floats) are not
-optax's onecycle ones.
+formula is torch's to the last bit that matters (MultiStepLR, LinearLR). Written out:
+ExponentialLR and StepLR, because optax.exponential_decay's ``gamma ** k`` drifts in
+float32 (see ``_power``); CosineAnnealingLR, because torch's curve keeps going past
+``T_max`` (back up, period ``2 * T_max``) where optax's cosine_decay_schedule stays at its
+end value; OneCycleLR, because torch's phase boundaries (``pct_start * total_steps - 1``,
+as floats) are not optax's onecycle ones.
 """
 
 from __future__ import annotations
@@ -33,8 +34,21 @@ def _f(t):
     return jnp.asarray(t, jnp.result_type(float))
 
 
+def _power(gamma: float, k):
+    """``gamma ** k`` as ``exp(k * log(gamma))``, ``log`` taken in float64 here: in float32,
+    optax.exponential_decay's ``gamma ** k`` starts from gamma rounded to float32 and drifts
+    k times that rounding (0.997 ** 1000: 2e-5 relative; this form: 2e-8)."""
+    if gamma <= 0:
+        return gamma ** _f(k)
+    return jnp.exp(_f(k) * math.log(gamma))
+
+
 def _cosine(base, eta_min, t_max):
-    return lambda t: eta_min + (base - eta_min) * (1 + jnp.cos(jnp.pi * _f(t) / t_max)) / 2
+    def lr(t):
+        if float(t_max).is_integer():  # cos has period 2 * T_max: reduce t exactly, in integers,
+            t = t % (2 * int(t_max))   # so that float32 keeps its digits after many periods
+        return eta_min + (base - eta_min) * (1 + jnp.cos(jnp.pi * _f(t) / t_max)) / 2
+    return lr
 
 
 def _lambda(scheduler, i, base) -> _Fn:
@@ -87,9 +101,9 @@ def _group_fns(scheduler, i, group, *, nested=False) -> tuple[_Fn, _Fn | None]:
     name = type(scheduler).__name__
     base = float(scheduler.base_lrs[i]) if hasattr(scheduler, "base_lrs") else None
     if name == "StepLR":
-        sched = optax.exponential_decay(base, scheduler.step_size, scheduler.gamma, staircase=True)
+        return (lambda t: base * _power(scheduler.gamma, t // scheduler.step_size)), None
     elif name == "ExponentialLR":
-        sched = optax.exponential_decay(base, 1, scheduler.gamma)
+        return (lambda t: base * _power(scheduler.gamma, t)), None
     elif name == "MultiStepLR":
         sched = optax.piecewise_constant_schedule(
             base, {int(m): scheduler.gamma ** n for m, n in scheduler.milestones.items()})
