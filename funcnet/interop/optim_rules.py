@@ -3,8 +3,8 @@
 Each builder takes one param group's hyperparameters (torch's names read off the group,
 ``learning_rate`` a float or an optax schedule) and returns the group's
 ``optax.GradientTransformation``. optax's own transforms are used wherever they compute
-torch's formula (SGD's momentum without dampening, RMSprop, Adamax, Adadelta, the weight
-decays); the four small transforms below exist because optax's nearest one differs:
+torch's formula (SGD's momentum without dampening, RMSprop, Adadelta, the weight decays);
+the small transforms below exist because optax's nearest one differs:
 
 - SGD with ``dampening``: torch's momentum buffer starts as the first gradient and later
   adds ``(1 - dampening) * g``; ``optax.trace`` has no dampening (it is torch's rule when
@@ -16,7 +16,8 @@ decays); the four small transforms below exist because optax's nearest one diffe
   ``-expm1(t * log(b2))``, ``log`` taken in float64. With ``amsgrad``, torch keeps the
   maximum of the raw second moment and divides by the current step's correction;
   ``optax.scale_by_amsgrad`` keeps the maximum of the bias-corrected moments, which differs
-  while the correction changes.
+  while the correction changes. Adamax is optax.scale_by_adamax's formula with the same
+  float32-safe correction.
 - Adagrad: torch divides by ``sqrt(sum) + eps`` (eps 1e-10, accumulator from
   ``initial_accumulator_value``, default 0) and decays the lr by ``1 + (step - 1) * lr_decay``;
   ``optax.scale_by_rss`` puts eps inside the square root and has no lr_decay.
@@ -140,10 +141,36 @@ def adam(learning_rate, b1, *, b2: float, eps: float, weight_decay: float, decou
     return optax.chain(_maximize(maximize), _l2(weight_decay), moments, optax.scale_by_learning_rate(learning_rate))
 
 
+class _AdamaxState(NamedTuple):
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def _torch_adamax(b1, b2: float, eps: float) -> optax.GradientTransformation:
+    """torch's Adamax direction ``m / (1 - b1**t) / u``, ``u = max(b2 * u, |g| + eps)``: the
+    formula of optax.scale_by_adamax, with the bias correction kept precise in float32 as
+    Adam's (``_correction``; optax's is 8e-7 off torch's after 30 float32 steps at b1=0.99)."""
+
+    def init(params):
+        zeros = optax.tree.zeros_like(params)
+        return _AdamaxState(jnp.zeros([], jnp.int32), zeros, zeros)
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_infinity_moment(updates, state.nu, b2, eps)
+        count = optax.safe_increment(state.count)
+        bc1 = _correction(b1, _float(count))
+        out = jax.tree.map(lambda m, u: (m / bc1.astype(m.dtype) / u).astype(m.dtype), mu, nu)
+        return out, _AdamaxState(count, mu, nu)
+
+    return optax.GradientTransformation(init, update)
+
+
 def adamax(learning_rate, b1, *, b2: float, eps: float, weight_decay: float,
            maximize: bool) -> optax.GradientTransformation:
-    # optax.scale_by_adamax: u = max(b2 * u, |g| + eps), m / (1 - b1**t) / u, as torch's
-    return optax.chain(_maximize(maximize), _l2(weight_decay), optax.scale_by_adamax(b1=b1, b2=b2, eps=eps),
+    return optax.chain(_maximize(maximize), _l2(weight_decay), _torch_adamax(b1, b2, eps),
                        optax.scale_by_learning_rate(learning_rate))
 
 
