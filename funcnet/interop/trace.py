@@ -319,6 +319,15 @@ class Recorder:
         if short in self.refused or name in self.refused:
             self.problem(frame, self.refused.get(name, self.refused.get(short)), name or short)
             return func(*args, **kwargs)
+        refusal = _data_dependent_index(name, args)
+        if refusal:
+            self.problem(frame, self.refused.get(refusal, "with one argument its output shape depends on the data; "
+                                                          "use torch.where(cond, x, y)"), refusal)
+        if name == "F.scaled_dot_product_attention" and "key" in (kwargs or {}):
+            # query=/key=/value= by keyword: funcnet's key= is the PRNG key, so pass them by position
+            kwargs = dict(kwargs)
+            named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
+            args = tuple(args) + tuple(named)
         grad = torch.is_grad_enabled()
         out = func(*args, **kwargs)
         with _quiet(self):
@@ -387,6 +396,20 @@ _FACTS = {f"Tensor.{n}" for n in (
     "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
     "is_sparse", "is_leaf", "get_device", "__repr__", "__str__", "__format__", "is_contiguous", "stride",
     "data_ptr", "element_size", "is_meta", "is_quantized", "is_nested", "names")}
+
+
+def _data_dependent_index(name, args) -> str | None:
+    """The REFUSED entry for a call whose output shape depends on tensor values: a boolean-mask
+    read (``x[mask]``) or the one-argument ``torch.where(cond)``."""
+    import torch
+
+    if name == "Tensor.__getitem__" and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index):
+            return "Tensor.__getitem__(bool mask)"
+    if name == "torch.where" and len(args) == 1:
+        return "torch.where"
+    return None
 
 
 class _quiet:
