@@ -62,7 +62,7 @@ class _Writer:
         items = tuple((n, self.spec(c, f"{path}.{n}" if path else n)) for n, c in module.named_children())
         if container is tnn.Sequential:
             if [n for n, _ in items] != [str(i) for i in range(len(items))]:
-                return self.instance(module, path)
+                return Container("NamedSequential", items)  # Sequential(OrderedDict(conv=..., relu=...))
             return Container("nn.Sequential", items)
         if container is tnn.ModuleList:
             return Container("nn.ModuleList", items)
@@ -115,9 +115,21 @@ class _Writer:
         except TypeError:
             where = ""
         head = f'"""{name}{f" ({where})" if where else ""} in funcnet.nn, by interop.to_source (load the weights)."""\n'
+        if any("NamedSequential(" in t for t in body_text):
+            body_text.insert(0, _NAMED_SEQUENTIAL)
         code = "\n\n".join(body_text)
         consts = "".join(f"{n} = {t}\n" for n, t in self.constants)
         return head + "\n" + _imports(code + consts) + ("\n" + consts if consts else "") + "\n\n" + code
+
+
+_NAMED_SEQUENTIAL = '''def NamedSequential(**layers):
+    def forward(self, x):
+        for name in layers:
+            x = getattr(self, name)(x)
+        return x
+
+    return nn.Composite(forward, **layers)
+'''
 
 
 def _imports(code: str) -> str:

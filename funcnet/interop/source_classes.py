@@ -134,6 +134,10 @@ def render(spec, col: int, width: int) -> str:
     if isinstance(spec, Container):
         if spec.kind == "nn.Sequential":
             return _call("nn.Sequential", [(None, v) for _, v in spec.items], col, width)
+        if spec.kind == "NamedSequential" and all(n.isidentifier() for n, _ in spec.items):
+            return _call("NamedSequential", list(spec.items), col, width)
+        if spec.kind == "NamedSequential":
+            return _call("NamedSequential", [(None, _Raw("**" + render(_Dict(spec.items), 0, 10**9)))], col, width)
         if spec.kind == "nn.ModuleList":
             return _call("nn.ModuleList", [(None, _List([v for _, v in spec.items]))], col, width)
         return _call("nn.ModuleDict", [(None, _Dict(spec.items))], col, width)

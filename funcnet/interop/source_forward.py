@@ -216,18 +216,42 @@ class _Body:
             return
         tops = sorted({p[0] for p in paths if p}, key=str)
         struct = self._struct(n)
-        named = {i: names.get(Ref(n, (i,))) or _common_name(names, n, i) for i in tops}
-        if not (any(named.values()) or len(paths) > 1):
+        named = {i: self._pref((n, (i,))) or _common_name(names, n, i) for i in tops}
+        if not (any(named.values()) or len(paths) > 1 or any(self._pref((n, p)) for p in paths)):
             return  # used once, through one index: inlined
+        text = self.node_text(n)
+        if _is_tuple_literal(text):  # an in-place op's (result, (new values,)) written out: one statement each
+            for path in dict.fromkeys(paths):
+                if self._pref((n, path)) or paths.count(path) > 1:
+                    p = self._placeholder((n, path), self._pref((n, path)) or self._gen_name(n))
+                    self.stmts.append(([f"{p} = {index(text, path)}"], [p]))
+            return
         if isinstance(struct, tuple) and all(isinstance(i, int) and i < len(struct) for i in tops):
-            text = self.node_text(n)
-            parts = [self._placeholder((n, (i,)), named[i] or f"{self._gen_name(n)}{i}") if i in tops else "_"
-                     for i in range(len(struct))]
-            self.stmts.append(([f"{', '.join(parts)}{',' if len(parts) == 1 else ''} = {text}"],
-                               [p for p in parts if p != "_"]))
+            parts, defined = [], []
+            for i in range(len(struct)):
+                deeper = sorted({p[1] for p in paths if p[:1] == (i,) and len(p) > 1}, key=str)
+                if i not in tops:
+                    parts.append("_")
+                elif isinstance(struct[i], tuple) and (i,) not in paths and not named[i] and deeper and \
+                        all(isinstance(j, int) and j < len(struct[i]) for j in deeper):
+                    inner = [self._placeholder((n, (i, j)), self._pref((n, (i, j))) or f"{self._gen_name(n)}{i}{j}")
+                             if j in deeper else "_" for j in range(len(struct[i]))]
+                    defined += [q for q in inner if q != "_"]
+                    parts.append(f"({', '.join(inner)}{',' if len(inner) == 1 else ''})")
+                else:
+                    parts.append(self._placeholder((n, (i,)), named[i] or f"{self._gen_name(n)}{i}"))
+                    defined.append(parts[-1])
+            self.stmts.append(([f"{', '.join(parts)}{',' if len(parts) == 1 else ''} = {text}"], defined))
             return
         p = self._placeholder((n, ()), self._gen_name(n))
-        self.stmts.append(([f"{p} = {self.node_text(n)}"], [p]))
+        self.stmts.append(([f"{p} = {text}"], [p]))
+
+    def _pref(self, key) -> str | None:
+        """The user's name for the value ``Ref(*key)``, or the buffer it becomes (``running_mean``)."""
+        ref = Ref(*key)
+        if ref in self.g.names:
+            return self.g.names[ref]
+        return next((name for name, tree in self.state.items() if tree == ref), None)
 
     def _name_of(self, text: str) -> str | None:
         return self.names.get(text) if _PLACEHOLDER.fullmatch(text) else None
@@ -399,6 +423,13 @@ def _without_defaults(fn, kwargs: dict) -> dict:
 
 
 _MISSING = object()
+
+
+def _is_tuple_literal(text: str) -> bool:
+    try:
+        return isinstance(ast.parse(text, mode="eval").body, ast.Tuple)
+    except SyntaxError:
+        return False
 
 
 def _is_self_assign(line: str) -> bool:

@@ -50,8 +50,7 @@ def index(text: str, path: tuple) -> str:
             tree = ast.parse(text, mode="eval").body
         except SyntaxError:
             tree = None
-        if isinstance(tree, (ast.Tuple, ast.List)) and isinstance(p, int) and 0 <= p < len(tree.elts) \
-                and "_v" not in text:
+        if isinstance(tree, (ast.Tuple, ast.List)) and isinstance(p, int) and 0 <= p < len(tree.elts):
             text = ast.unparse(tree.elts[p])
         else:
             text = f"{atom(text)}[{p!r}]"
