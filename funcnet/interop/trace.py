@@ -336,10 +336,13 @@ class Recorder:
         mutates = tuple(getattr(op, "mutates", ()) or ())
         inplace = _in_place(name or short)
         if mutates:
-            for k, i in enumerate(mutates):
-                if i < len(args) and _is_tensor(args[i]):
-                    frame.mark_aliases_stale(args[i], where)
-                    frame.bind(args[i], Ref(ref.node, (1, k)))
+            from funcnet.interop.ops import mutated_places
+
+            for k, place in enumerate(mutated_places(op, args, kwargs or {})):
+                changed = args[place] if isinstance(place, int) else (kwargs or {}).get(place)
+                if _is_tensor(changed):
+                    frame.mark_aliases_stale(changed, where)
+                    frame.bind(changed, Ref(ref.node, (1, k)))
             ref = Ref(ref.node, (0,))
         elif inplace and args and _is_tensor(args[0]):
             frame.mark_aliases_stale(args[0], where)
