@@ -144,3 +144,64 @@ def test_port_bad_input(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert message in err, err
     assert out.read_text() == "# kept\n"  # a failed run leaves the old file as it was
+
+
+class _Norm(torch.nn.Module):
+    """nanoGPT's LayerNorm: a bias that is a Parameter or None."""
+
+    def __init__(self, d, bias):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(d))
+        self.bias = torch.nn.Parameter(torch.randn(d)) if bias else None
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class _Mixed(torch.nn.Module):
+    """An indexed ModuleList, a named Sequential called twice, a descendant's weight, an in-place
+    write into a copy, a class used with and without a child, a functional batch norm on own buffers."""
+
+    def __init__(self):
+        super().__init__()
+        import collections
+
+        self.emb = torch.nn.Embedding(10, 4)
+        self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+        self.head = torch.nn.Sequential(collections.OrderedDict(fc=torch.nn.Linear(4, 4), act=torch.nn.Tanh()))
+        self.norms = torch.nn.ModuleList([_Norm(4, True), _Norm(4, False)])
+        self.register_buffer("rm", torch.zeros(4))
+        self.register_buffer("rv", torch.ones(4))
+
+    def forward(self, idx):
+        x = self.emb(idx)
+        x = self.layers[0](x) + self.layers[2](x)
+        h = self.head(self.head(x))
+        h = self.norms[0](h) + self.norms[1](h)
+        h = torch.nn.functional.batch_norm(h.flatten(0, 1), self.rm, self.rv, None, None, self.training, 0.1)
+        logits = h @ self.emb.weight.t()
+        out = logits.clone()
+        out[:, 0] = 1.0
+        return out
+
+
+def test_general_forms_execute_and_match():
+    torch.manual_seed(0)
+    module, idx = _Mixed(), torch.randint(0, 10, (2, 3))
+    source = interop.to_source(module, idx)
+    for text in ("def _Norm(bias):", "if self.bias is not None:", "self.layers[2](x)",
+                 "NamedSequential(fc=nn.Linear(4, 4), act=nn.Tanh())", "self.emb.params['weight']",
+                 "out = logits.at[:, 0].set(1.0)", "self.rm = rm"):
+        assert text in source, (text, source)
+    model, params, state = _load(source, module)
+    converted = interop.convert(module, idx)
+    x = jax.numpy.asarray(idx.numpy())
+    for train in (False, True):
+        module.train(train)
+        with torch.no_grad():
+            want = module(idx)
+        got, new_state = nn.call(model, params, state, x, train=train)
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-4 if train else 1e-6)
+        # the written model is convert's model
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(nn.call(*converted, x, train=train)[0]))
+    np.testing.assert_allclose(np.asarray(new_state["rm"]), module.rm.numpy(), rtol=1e-5, atol=1e-6)
