@@ -1,4 +1,4 @@
-"""The ``funcnet`` command: ``funcnet train``, ``funcnet info``.
+"""The ``funcnet`` command: ``funcnet train``, ``funcnet info``, ``funcnet memory``, ``funcnet port``.
 
 ``funcnet train`` trains an MLP on a bundled or local data set and writes
 ``OUT/metrics.json`` (no timings, so the same seed gives the same file),
@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         from funcnet.cli import memory
 
         return memory.main(argv[1:])
+    if argv[:1] == ["port"]:
+        from funcnet.cli import port
+
+        return port.main(argv[1:])
     args = build_parser().parse_args(join_negative_values(argv))
     from funcnet.guards import NonFiniteLossError
 

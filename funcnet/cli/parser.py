@@ -151,4 +151,5 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="print both framework stacks on this machine")
     # parsed by funcnet.cli.memory.main; listed here so that `funcnet --help` shows it
     sub.add_parser("memory", help="estimate the memory of a training step (funcnet memory --help)")
+    sub.add_parser("port", help="write a torch model (FILE.py:Class) as funcnet.nn source (funcnet port --help)")
     return parser

@@ -21,7 +21,8 @@ from funcnet.interop.files import load_safetensors, save_safetensors
 from funcnet.interop.modules import convert
 from funcnet.interop.optim import convert_optimizer
 from funcnet.interop.registry import SUPPORTED_MODULES, ConversionError
+from funcnet.interop.source import to_source
 from funcnet.interop.weights import from_torch, from_torch_with_state, to_torch
 
-__all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "save_safetensors", "load_safetensors",
-           "SUPPORTED_MODULES", "ConversionError", "convert_optimizer"]
+__all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "to_source", "save_safetensors",
+           "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer"]

@@ -46,6 +46,7 @@ class Node:
     no_grad: bool = False  # recorded under torch.no_grad(): its value gets no gradient
     where: str = ""  # the user's source file:line
     name: str | None = None  # the variable the user's code bound it to, where known
+    structure: Any = None  # the output's nesting: None for a leaf, a tuple of these for a tuple or list
 
     def key(self) -> tuple:
         """What the node computes, for comparing two recordings (not its name or line)."""
@@ -64,6 +65,14 @@ class Graph:
 
     def key(self) -> tuple:
         return (tuple(n.key() for n in self.nodes), _frozen(self.output), _frozen(self.state_out))
+
+
+def structure(value):
+    """The nesting of a recorded value: None for a leaf, a tuple of these for a tuple or list
+    (``to_source`` unpacks ``q, k, v = ...`` by it)."""
+    if isinstance(value, (tuple, list)):
+        return tuple(structure(v) for v in value)
+    return None
 
 
 def _frozen(value):

@@ -39,6 +39,23 @@ def _same_as_default(value, default) -> bool:
 
 
 def _layer(module, path: str, base, row: _Row, problems: list) -> Module | None:
+    found = _layer_args(module, path, base, row, problems,
+                        lambda child, sub, found: _build(child, sub, _registry(), found))
+    if found is None:
+        return None
+    kwargs = found[1]
+    try:
+        return getattr(nn, row.ours)(**kwargs)
+    except (TypeError, ValueError) as e:
+        where = f"{path or '<root>'} ({type(module).__name__})"
+        problems.append(f"{where}: funcnet.nn.{row.ours}(**{kwargs}) failed: {e}")
+        return None
+
+
+def _layer_args(module, path: str, base, row: _Row, problems: list, build) -> tuple[str, dict] | None:
+    """``(factory name, kwargs)``: the funcnet.nn layer a torch leaf layer becomes, its
+    constructor arguments read off the module (``build(child, path, problems)`` converts a
+    child module argument, an encoder's layer); None with the reason added to ``problems``."""
     factory = getattr(nn, row.ours)
     where = f"{path or '<root>'} ({type(module).__name__})"
     if type(module).forward is not base.forward:
@@ -48,7 +65,7 @@ def _layer(module, path: str, base, row: _Row, problems: list) -> Module | None:
     torch_sig = inspect.signature(base.__init__)
     ours_sig = inspect.signature(factory)
     try:
-        values = row.args(module, lambda child, sub, found: _build(child, sub, _registry(), found)) if row.args else {}
+        values = row.args(module, build) if row.args else {}
     except (AttributeError, ValueError) as e:
         problems.append(f"{where}: {e}")
         return None
@@ -76,11 +93,7 @@ def _layer(module, path: str, base, row: _Row, problems: list) -> Module | None:
     weights = list(module.parameters())
     if "dtype" in ours_sig.parameters and weights and weights[0].is_floating_point():
         kwargs["dtype"] = jnp.dtype(str(weights[0].dtype).replace("torch.", ""))
-    try:
-        return factory(**kwargs)
-    except (TypeError, ValueError) as e:
-        problems.append(f"{where}: funcnet.nn.{row.ours}(**{kwargs}) failed: {e}")
-        return None
+    return row.ours, kwargs
 
 
 def _named_sequential(children: list[tuple[str, Module]], name: str) -> Module:
@@ -98,7 +111,6 @@ def _recorded(module, path: str, registry, problems: list, recording) -> Module 
     """A module whose forward is Python code, as an ``nn.Composite`` replaying its recording:
     its own parameters and buffers as ``nn.Parameter``/``nn.Buffer``, its children converted."""
     from funcnet.interop import ops
-    from funcnet.interop.graph import merge_modes
     from funcnet.interop.replay import forward_of, unrecorded_forward
 
     name = type(module).__name__
@@ -119,12 +131,19 @@ def _recorded(module, path: str, registry, problems: list, recording) -> Module 
     if not graphs:
         forward = unrecorded_forward(name)
     else:
-        train, evaluation = graphs.get("train", []), graphs.get("eval", [])
-        merged = [merge_modes(a, b) for a, b in zip(train, evaluation)] if len(train) == len(evaluation) else [None]
-        modes = {"both": merged} if merged and all(g is not None for g in merged) else graphs
-        forward = forward_of(modes, name, ops.lookup)
+        forward = forward_of(_modes(graphs), name, ops.lookup)
     composite = nn.Composite(forward, name=name, batch_axis=None, **kids)
     return composite
+
+
+def _modes(graphs: dict) -> dict:
+    """``{"both": [...]}`` where each train graph merges with its eval graph (they differ only
+    by ``self.training`` flags), else the recorded ``{"train": [...], "eval": [...]}``."""
+    from funcnet.interop.graph import merge_modes
+
+    train, evaluation = graphs.get("train", []), graphs.get("eval", [])
+    merged = [merge_modes(a, b) for a, b in zip(train, evaluation)] if len(train) == len(evaluation) else [None]
+    return {"both": merged} if merged and all(g is not None for g in merged) else graphs
 
 
 def _array(tensor):

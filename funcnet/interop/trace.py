@@ -24,7 +24,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 import numpy as np
 
-from funcnet.interop.graph import Graph, Node, Ref, Slice
+from funcnet.interop.graph import Graph, Node, Ref, Slice, structure
 
 _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
 
@@ -288,6 +288,7 @@ class Recorder:
                     parent.mark_aliases_stale(leaf, f"{path} (in place)")
                 elif _changed_inside(frame, leaf):
                     parent.stale[id(leaf)] = f"{path} (changed in place there)"
+            parent.nodes[ref.node].structure = structure(output)
             parent.bind(output, ref)
         return output
 
@@ -340,7 +341,7 @@ class Recorder:
         if op is None:
             self.problem(frame, "no JAX form in funcnet.interop.ops (the op table)", name or short)
         ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
-                             no_grad=not grad, where=where))
+                             no_grad=not grad, where=where, structure=structure(out)))
         mutates = tuple(getattr(op, "mutates", ()) or ())
         inplace = _in_place(name or short)
         if mutates:

@@ -1,0 +1,217 @@
+"""``funcnet port FILE.py:Class``: a torch model written out as funcnet.nn source.
+
+Imports the user's file, builds ``Class(*args, **kwargs)``, records its forward on example
+inputs of the given shapes and writes ``interop.to_source``'s module to ``--out``; with
+``--weights`` also the model's state_dict as a safetensors file that torch loads strictly
+(``model.load_state_dict(safetensors.torch.load_file(path))``). Every flag is checked before
+the user's file is imported; both files are written atomically, so a failed run leaves the
+files already there as they were. Exit status: 0 done, 2 bad input or a model that cannot
+be converted (one message naming every problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from funcnet.cli.errors import EXIT_ERROR, UsageError
+from funcnet.cli.parser import join_negative_values
+
+__all__ = ["main"]
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _OneLineParser(prog="funcnet port", description="Write a torch model as funcnet.nn source.")
+    p.add_argument("target", metavar="FILE.py:Class", help="the Python file and the torch.nn.Module class in it")
+    p.add_argument("--args", default="[]", help='JSON list of the constructor\'s positional arguments, e.g. "[10, 3]"')
+    p.add_argument("--kwargs", default="{}", help='JSON object of its keyword arguments, e.g. \'{"depth": 2}\'')
+    p.add_argument("--input-shape", action="append", default=None, metavar="N,C,H,W",
+                   help="shape of one example input of forward, e.g. 1,3,32,32; repeat for each input")
+    p.add_argument("--input-dtype", action="append", choices=["float", "long"], default=None,
+                   help="float (random normal, default) or long (integer tokens in [0, 2)); once for every input, "
+                        "or once per --input-shape")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example inputs and of torch's initial weights")
+    p.add_argument("--out", required=True, help="the .py file to write")
+    p.add_argument("--weights", default=None, help="also write the state_dict to this .safetensors file")
+    return p
+
+
+def _target(text: str) -> tuple[str, str]:
+    path, sep, name = text.rpartition(":")
+    if not sep or not path or not name:
+        raise UsageError(f"{text!r}: expected FILE.py:Class, e.g. models.py:ResNet (the file, a colon, the class)")
+    if not name.isidentifier():
+        raise UsageError(f"{text!r}: {name!r} is not a class name; expected FILE.py:Class, e.g. models.py:ResNet")
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such file; pass the path of the Python file that defines {name} "
+                         f"(relative to {os.getcwd()} or absolute)")
+    if not path.endswith(".py"):
+        raise UsageError(f"{path}: expected a Python source file ending in .py")
+    return path, name
+
+
+def _json(flag: str, text: str, kind: type):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        example = "[10, 3]" if kind is list else '{"depth": 2}'
+        raise UsageError(f"{flag} {text!r} is not valid JSON ({e.msg} at character {e.pos}); expected a JSON "
+                         f"{kind.__name__}, e.g. {flag} '{example}' (JSON strings need double quotes)") from None
+    if not isinstance(value, kind):
+        raise UsageError(f"{flag} {text!r}: expected a JSON {'list' if kind is list else 'object'}, got "
+                         f"{type(value).__name__}")
+    return value
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(s) for s in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(s <= 0 for s in shape):
+        raise UsageError(f"--input-shape {text!r}: expected positive integers separated by commas, e.g. 1,3,32,32")
+    return shape
+
+
+def _writable(flag: str, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a folder; pass a file path such as {os.path.join(path, 'model.py')}")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist; create it or pass a path in an "
+                         f"existing folder")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: the folder {folder} cannot be written by this user")
+
+
+def _check(args) -> dict:
+    path, name = _target(args.target)
+    ctor_args = _json("--args", args.args, list)
+    ctor_kwargs = _json("--kwargs", args.kwargs, dict)
+    if not args.input_shape:
+        raise UsageError("no --input-shape: forward is recorded on example inputs; pass the shape of each, e.g. "
+                         "--input-shape 1,3,32,32")
+    shapes = [_shape(s) for s in args.input_shape]
+    dtypes = args.input_dtype or ["float"]
+    if len(dtypes) == 1:
+        dtypes = dtypes * len(shapes)
+    if len(dtypes) != len(shapes):
+        raise UsageError(f"{len(dtypes)} --input-dtype for {len(shapes)} --input-shape; give one for all inputs or "
+                         f"one per --input-shape")
+    _writable("--out", args.out)
+    if args.weights is not None:
+        _writable("--weights", args.weights)
+        if os.path.abspath(args.weights) == os.path.abspath(args.out):
+            raise UsageError(f"--weights and --out are the same file ({args.out}); pass two paths")
+    return {"path": path, "name": name, "args": ctor_args, "kwargs": ctor_kwargs, "shapes": shapes, "dtypes": dtypes}
+
+
+def _load_class(path: str, name: str):
+    import importlib.util
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # the file's own imports of its neighbours
+    module_name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(module_name, module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise UsageError(f"importing {path} failed: {type(e).__name__}: {e}; fix the file so that "
+                         f"`python {path}` runs") from None
+    import torch
+
+    cls = getattr(module, name, None)
+    if cls is None:
+        found = [k for k, v in vars(module).items() if isinstance(v, type) and issubclass(v, torch.nn.Module)
+                 and v.__module__ == module.__name__]
+        raise UsageError(f"{path} has no class {name!r}; the torch.nn.Module classes it defines are "
+                         f"{', '.join(found) or 'none'}")
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise UsageError(f"{path}:{name} is {type(cls).__name__}, not a torch.nn.Module subclass")
+    return cls
+
+
+def _write_atomic(path: str, text: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def run(argv: Sequence[str]) -> str:
+    """Write the port; returns the summary line. Raises UsageError/ConversionError/OSError."""
+    args = _parser().parse_args(join_negative_values(list(argv)))
+    plan = _check(args)
+    cls = _load_class(plan["path"], plan["name"])
+    import inspect
+
+    import torch
+
+    from funcnet import interop
+
+    torch.manual_seed(args.seed)
+    try:
+        module = cls(*plan["args"], **plan["kwargs"])
+    except Exception as e:
+        try:
+            sig = str(inspect.signature(cls.__init__)).replace("(self, ", "(").replace("(self)", "()")
+        except (TypeError, ValueError):
+            sig = "(...)"
+        raise UsageError(f"{plan['name']}(*{plan['args']}, **{plan['kwargs']}) failed: {type(e).__name__}: {e}; "
+                         f"pass --args/--kwargs for {plan['name']}{sig}") from None
+    inputs = [torch.randint(0, 2, s) if d == "long" else torch.randn(s) for s, d in zip(plan["shapes"], plan["dtypes"])]
+    try:
+        source = interop.to_source(module, *inputs)
+    except interop.ConversionError:
+        raise
+    except Exception as e:
+        shapes = " ".join(f"--input-shape {','.join(map(str, s))}" for s in plan["shapes"])
+        raise UsageError(f"{plan['name']}'s forward failed on example inputs ({shapes}): {type(e).__name__}: {e}; "
+                         f"pass the shapes (and --input-dtype) forward expects") from None
+    if args.weights is not None:
+        # every key written as its own tensor (a tied one too), so torch's strict load_state_dict finds them all
+        from funcnet.interop.weights import _nest, _to_numpy
+
+        tree = _nest(((k, _to_numpy(v)) for k, v in module.state_dict().items()), "funcnet port")
+        interop.save_safetensors(args.weights, tree)
+    _write_atomic(args.out, source)
+    lines = source.count("\n")
+    return f"wrote {args.out} ({lines} lines)" + (f" and {args.weights}" if args.weights else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``funcnet port``: returns the exit status."""
+    from funcnet.interop.registry import ConversionError
+
+    try:
+        print(run(sys.argv[1:] if argv is None else argv))
+    except (UsageError, OSError) as e:
+        print(f"funcnet port: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except ConversionError as e:
+        print(f"funcnet port: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return 0

@@ -1,0 +1,190 @@
+"""``to_source(module, *example_inputs) -> str``: a torch model written out as funcnet.nn source.
+
+The model is recorded as ``convert`` records it (funcnet/interop/trace.py), then written the
+way a person ports it by hand: one function per torch class, named like it, returning
+``nn.Composite(forward, child=..., ...)`` with the children in torch's order (own parameters
+as ``nn.Parameter``, own buffers as ``nn.Buffer``, leaf layers as their constructor call with
+the arguments that differ from the defaults, containers as ``nn.Sequential``/``ModuleList``/
+``ModuleDict``), and a ``forward`` that reads like torch's (funcnet/interop/source_forward.py).
+
+A class used several times is one function: what differs between its instances (a channel
+count, a stride, an optional child) becomes an argument, with each instance's values at its
+call site (funcnet/interop/source_classes.py). Parameters start as zeros: the values come from
+torch's state_dict (``funcnet.load_state_dict``) or a safetensors file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+from funcnet.interop.registry import ConversionError, _container_base, _match, _own_tensors, _registry
+from funcnet.interop.source_classes import ClassWriter, Container, Leaf, TensorSpec, render
+from funcnet.interop.source_forward import Context
+from funcnet.interop.source_modes import body, signature
+
+WIDTH = 120
+
+
+def _modes(recording, module):
+    from funcnet.interop.modules import _modes
+
+    graphs = recording.graphs.get(id(module)) if recording is not None else None
+    return _modes(graphs) if graphs else None
+
+
+class _Writer:
+    def __init__(self, root, recording, registry):
+        from funcnet.interop import ops
+
+        self.root, self.recording, self.registry, self.lookup = root, recording, registry, ops.lookup
+        self.classes: dict = {}  # class -> [instance, ...] in the order met
+        self.order: list = []  # classes, children first
+        self.specs: dict = {}  # id(instance) -> (children specs, forward statements, forward signature)
+        self.constants: list = []
+        self.problems: list = []
+
+    # ---- the tree of specs
+    def spec(self, module, path: str):
+        from torch import nn as tnn
+
+        from funcnet.interop.modules import _layer_args
+
+        base, row = _match(module, self.registry)
+        if row is not None and type(module).forward is base.forward:
+            found = _layer_args(module, path, base, row, self.problems,
+                                lambda child, sub, found: self.spec(child, f"{path}.{sub}"))
+            return None if found is None else Leaf.of(*found)
+        container = _container_base(module)
+        user_forward = type(module).forward is not (container or tnn.Module).forward
+        if user_forward or _own_tensors(module):
+            return self.instance(module, path)
+        items = tuple((n, self.spec(c, f"{path}.{n}" if path else n)) for n, c in module.named_children())
+        if container is tnn.Sequential:
+            if [n for n, _ in items] != [str(i) for i in range(len(items))]:
+                return Container("NamedSequential", items)  # Sequential(OrderedDict(conv=..., relu=...))
+            return Container("nn.Sequential", items)
+        if container is tnn.ModuleList:
+            return Container("nn.ModuleList", items)
+        return Container("nn.ModuleDict", items)
+
+    def instance(self, module, path: str):
+        cls = type(module)
+        kids = []
+        for n, p in module.named_parameters(recurse=False):
+            kids.append((n, TensorSpec.of("Parameter", p)))
+        for n, b in module.named_buffers(recurse=False):
+            if n not in module._non_persistent_buffers_set:
+                kids.append((n, TensorSpec.of("Buffer", b)))
+        for n, c in module._modules.items():
+            kids.append((n, None if c is None else self.spec(c, f"{path}.{n}" if path else n)))
+        modes = _modes(self.recording, module)
+        if modes is None:
+            forward = [[f"raise NotImplementedError('{cls.__name__} was not called when the model was traced')"]]
+            sig = "self, *args, **kwargs"
+        else:
+            ctx = Context(self.lookup, {n for n, _ in kids}, _lists(module), _stateful(module), self.constants)
+            forward = body(modes, ctx)
+            sig = signature(next(iter(modes.values()))[0].signature)
+        if cls not in self.classes:
+            self.classes[cls] = []
+        self.classes[cls].append(module)
+        self.specs[id(module)] = (tuple(kids), forward, sig)
+        if cls in self.order:
+            self.order.remove(cls)
+        self.order.append(cls)
+        return ("instance", id(module))
+
+    # ---- the file
+    def write(self) -> str:
+        root_spec = self.spec(self.root, "")
+        if self.problems:
+            raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(self.problems))
+        classes = ClassWriter(self.specs, self.classes, self.order, WIDTH)
+        ties = _ties(self.root)
+        functions = classes.functions(root=self.root, ties=ties)
+        name = type(self.root).__name__
+        if isinstance(root_spec, tuple):
+            body_text = functions
+        else:  # a container or a leaf at the root: a function returning it
+            body_text = functions + [f"def {name}():\n    return {render(classes.resolve(root_spec), 11, WIDTH)}\n"]
+            if ties:
+                body_text[-1] = f"# tied in torch: {ties} (nn.Composite(..., tied=) ties them)\n" + body_text[-1]
+        try:
+            where = os.path.basename(inspect.getsourcefile(type(self.root)) or "")
+        except TypeError:
+            where = ""
+        head = f'"""{name}{f" ({where})" if where else ""} in funcnet.nn, by interop.to_source (load the weights)."""\n'
+        if any("NamedSequential(" in t for t in body_text):
+            body_text.insert(0, _NAMED_SEQUENTIAL)
+        code = "\n\n".join(body_text)
+        consts = "".join(f"{n} = {t}\n" for n, t in self.constants)
+        return head + "\n" + _imports(code + consts) + ("\n" + consts if consts else "") + "\n\n" + code
+
+
+_NAMED_SEQUENTIAL = '''def NamedSequential(**layers):
+    def forward(self, x):
+        for name in layers:
+            x = getattr(self, name)(x)
+        return x
+
+    return nn.Composite(forward, **layers)
+'''
+
+
+def _imports(code: str) -> str:
+    lines = []
+    if "jax." in code.replace("jax.numpy", ""):
+        lines.append("import jax")
+    if "jnp." in code:
+        lines.append("import jax.numpy as jnp")
+    lines.append("from funcnet import nn")  # one block: funcnet is a third-party package to the port
+    if "ops." in code:
+        lines.append("from funcnet.interop import ops")
+    if "F." in code:
+        lines.append("from funcnet.nn import functional as F")
+    return "\n".join(lines) + "\n"
+
+
+def _lists(module) -> dict:
+    from torch import nn as tnn
+
+    return {name: len(m) for name, m in module.named_modules() if name and type(m).forward is tnn.ModuleList.forward
+            and isinstance(m, tnn.ModuleList)}
+
+
+def _stateful(module) -> set:
+    return {name for name, m in module.named_modules() if name and any(True for _ in m.buffers())}
+
+
+def _ties(root) -> dict:
+    first, ties = {}, {}
+    for name, p in root.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            ties[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return ties
+
+
+def to_source(module, *example_inputs, **example_kwargs) -> str:
+    """Python source that defines ``module`` with funcnet.nn the way a person would write it.
+
+    The module is recorded on the example inputs (as ``convert`` does; every problem is
+    reported at once in a ``ConversionError``). The source holds one function per torch
+    class, named like it, whose ``forward`` reads like the torch ``forward``; the root
+    function, called with no arguments, builds the same model as ``convert``. Its
+    parameters start as zeros: load torch's weights into ``model.init(key)`` with
+    ``funcnet.load_state_dict(params, module.state_dict(), state=nn.initial_state(model))``.
+    """
+    if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
+        raise TypeError(f"to_source: expected a torch.nn.Module, got {type(module).__name__}")
+    from funcnet.interop.modules import _build, _trace
+
+    registry = _registry()
+    recording, problems = _trace(module, example_inputs, example_kwargs, registry)
+    if not problems:
+        _build(module, "", registry, problems, recording)
+    if problems:
+        raise ConversionError("to_source: cannot convert the model:\n  " + "\n  ".join(problems))
+    return _Writer(module, recording, registry).write()

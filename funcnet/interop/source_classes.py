@@ -1,0 +1,443 @@
+"""The functions of ``to_source``: one per torch class, its instances' differences as arguments.
+
+Each instance of a user's class is described by its children (``Leaf`` layers with their
+non-default constructor arguments, ``Container``s, ``TensorSpec`` parameters and buffers,
+other instances, ``None``) and its forward's statements. ``ClassWriter`` unifies the
+instances of a class: values that differ become arguments (``Arg``), named after the
+constructor argument they first fill (``out_channels``, ``stride``) and shared wherever two
+places hold the same value in every instance; a child whose structure differs (an optional
+``downsample``) becomes an argument itself. Instances whose forwards differ are one function
+when an optional child (``if self.downsample is not None:``) or an attribute of the torch
+module (``if use_res_connect:``) tells the forms apart; otherwise they are written as
+separate functions, with a comment saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections import Counter
+
+import numpy as np
+
+from funcnet import nn
+from funcnet.interop.source_forward import RESERVED
+from funcnet.interop.source_modes import branch
+from funcnet.interop.source_text import literal
+
+_TUPLE_ARGS = {"kernel_size", "stride", "padding", "dilation", "output_padding", "output_size", "scale_factor",
+               "normalized_shape"}
+_NO_DEFAULT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    factory: str  # funcnet.nn.<factory>
+    args: tuple  # ((name, value), ...): the non-default arguments, in the factory's order
+
+    @staticmethod
+    def of(factory: str, kwargs: dict) -> Leaf:
+        params = inspect.signature(getattr(nn, factory)).parameters
+        items = []
+        for name, value in kwargs.items():
+            value = _compact(name, value)
+            if name == "dtype" and np.dtype(value) == np.float32:
+                continue
+            p = params.get(name)
+            if p is not None and p.default is not p.empty and _same(value, p.default):
+                continue
+            items.append((name, value))
+        order = list(params)
+        items.sort(key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
+        return Leaf(factory, tuple(items))
+
+
+@dataclasses.dataclass(frozen=True)
+class Container:
+    kind: str  # nn.Sequential | nn.ModuleList | nn.ModuleDict
+    items: tuple  # ((name, spec), ...)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    kind: str  # Parameter | Buffer
+    shape: tuple
+    dtype: str  # "" for the default float
+
+    @staticmethod
+    def of(kind: str, tensor) -> TensorSpec:
+        name = str(tensor.dtype).replace("torch.", "")
+        if name == "float32":
+            name = ""
+        elif name.startswith(("int", "uint")):
+            name = "int"
+        elif name == "bool":
+            name = "bool"
+        else:
+            name = f"jnp.{name}"
+        return TensorSpec(kind, tuple(int(s) for s in tensor.shape), name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    func: str
+    args: tuple  # ((name, value), ...): positional first (those without a default)
+    keywords: tuple  # names passed by keyword
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    name: str
+
+
+def _compact(name: str, value):
+    """``(3, 3)`` as ``3`` where torch's constructor takes either (kernel_size, stride, ...)."""
+    if name in _TUPLE_ARGS and isinstance(value, tuple) and value and all(v == value[0] for v in value) \
+            and isinstance(value[0], (int, float)) and not isinstance(value[0], bool):
+        return value[0]
+    return value
+
+
+def _same(a, b) -> bool:
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:
+        return False
+
+
+def _is_literal(v) -> bool:
+    if isinstance(v, tuple):
+        return all(_is_literal(x) for x in v)
+    return v is None or isinstance(v, (bool, int, float, str, np.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Raw:
+    text: str
+
+
+def render(spec, col: int, width: int) -> str:
+    """A spec (or a value) as source starting at column ``col``, broken over lines to fit ``width``."""
+    if isinstance(spec, _Raw):
+        return spec.text
+    if isinstance(spec, Arg):
+        return spec.name
+    if isinstance(spec, Leaf):
+        params = inspect.signature(getattr(nn, spec.factory)).parameters
+        parts, positional = [], True
+        for name, value in spec.args:
+            p = params.get(name)
+            positional = positional and p is not None and (p.default is p.empty or not parts) and \
+                p.kind is p.POSITIONAL_OR_KEYWORD and list(params).index(name) == len(parts)
+            parts.append((None if positional else name, value))
+        return _call(f"nn.{spec.factory}", parts, col, width)
+    if isinstance(spec, Container):
+        if spec.kind == "nn.Sequential":
+            return _call("nn.Sequential", [(None, v) for _, v in spec.items], col, width)
+        if spec.kind == "NamedSequential" and all(n.isidentifier() for n, _ in spec.items):
+            return _call("NamedSequential", list(spec.items), col, width)
+        if spec.kind == "NamedSequential":
+            return _call("NamedSequential", [(None, _Raw("**" + render(_Dict(spec.items), 0, 10**9)))], col, width)
+        if spec.kind == "nn.ModuleList":
+            return _call("nn.ModuleList", [(None, _List([v for _, v in spec.items]))], col, width)
+        return _call("nn.ModuleDict", [(None, _Dict(spec.items))], col, width)
+    if isinstance(spec, TensorSpec):
+        shape = render(spec.shape, col, width) if not isinstance(spec.shape, Arg) else spec.shape.name
+        dtype = f", {spec.dtype}" if spec.dtype else ""
+        return f"nn.{spec.kind}(jnp.zeros({shape}{dtype}))"
+    if isinstance(spec, Call):
+        return _call(spec.func, [(n if n in spec.keywords else None, v) for n, v in spec.args], col, width)
+    if isinstance(spec, _List):
+        return _brackets("[", "]", [(None, v) for v in spec.items], col, width)
+    if isinstance(spec, _Dict):
+        return _brackets("{", "}", [(f"{k!r}: ", v) for k, v in spec.items], col, width, sep="")
+    if isinstance(spec, tuple) and any(isinstance(v, Arg) for v in spec):
+        return "(" + ", ".join(render(v, col, width) for v in spec) + ("," if len(spec) == 1 else "") + ")"
+    return literal(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class _List:
+    items: list
+
+
+@dataclasses.dataclass(frozen=True)
+class _Dict:
+    items: tuple
+
+
+def _call(head: str, parts: list, col: int, width: int) -> str:
+    return head + _brackets("(", ")", parts, col + len(head), width)
+
+
+def _brackets(open_: str, close: str, parts: list, col: int, width: int, sep: str = "=") -> str:
+    if not parts:
+        return open_ + close
+    flat = [(f"{k}{sep}" if k is not None else "") + render(v, 0, 10**9) for k, v in parts]
+    one = open_ + ", ".join(flat) + close
+    if col + len(one) <= width:
+        return one
+    inner = col + 1
+    lines, cur = [], open_
+    for (k, v), text in zip(parts, flat):
+        at = (col if not lines else inner) + len(cur)
+        if cur not in (open_, "") and at + len(text) + 1 > width:
+            lines.append(cur.rstrip())
+            cur, at = "", inner
+        if at + len(text) + 1 > width:
+            head = f"{k}{sep}" if k is not None else ""
+            text = head + render(v, at + len(head), width)
+        if "\n" in text:
+            lines.append(cur + text + ",")
+            cur = ""
+        else:
+            cur += text + ", "
+    if cur:
+        lines.append(cur[:-2] + close)
+    else:
+        lines[-1] = lines[-1][:-1] + close
+    return ("\n" + " " * inner).join(lines)
+
+
+class ClassWriter:
+    """The function of each class, and the call that builds each instance."""
+
+    def __init__(self, specs: dict, classes: dict, order: list, width: int):
+        self.specs, self.classes, self.order, self.width = specs, classes, order, width
+        self.calls: dict = {}  # id(instance) -> Call
+        self.texts: list = []  # function sources, children first
+        self.done: set = set()
+        self.used_names: set = set(RESERVED)
+
+    def resolve(self, spec):
+        if isinstance(spec, tuple) and spec[:1] == ("instance",):
+            if spec[1] not in self.calls:
+                cls = next(c for c, ms in self.classes.items() if any(id(m) == spec[1] for m in ms))
+                self.write_class(cls)
+            return self.calls[spec[1]]
+        if isinstance(spec, Leaf):
+            return Leaf(spec.factory, tuple((n, self.resolve(v)) for n, v in spec.args))
+        if isinstance(spec, Container):
+            return Container(spec.kind, tuple((n, self.resolve(v)) for n, v in spec.items))
+        return spec
+
+    def functions(self, root, ties: dict) -> list:
+        self.root, self.ties = root, ties
+        for cls in self.order:
+            self.write_class(cls)
+        return self.texts
+
+    def _fresh(self, name: str) -> str:
+        out, k = name, 1
+        while out in self.used_names:
+            k += 1
+            out = f"{name}_{k}"
+        self.used_names.add(out)
+        return out
+
+    def write_class(self, cls) -> None:
+        if cls in self.done:
+            return
+        self.done.add(cls)
+        instances = self.classes[cls]
+        kids = {id(m): tuple((n, self.resolve(v)) for n, v in self.specs[id(m)][0]) for m in instances}
+        _pad_none_children(instances, kids)
+        parts = _partition(instances, kids, self.specs)
+        comment = ""
+        if len(parts) > 1:
+            comment = (f"# {cls.__name__}'s instances trace to different forwards or children, so each form is "
+                       f"its own function\n")
+        for i, members in enumerate(parts):
+            name = self._fresh(cls.__name__)
+            self.texts.append((comment if i == 0 else "") + self._function(name, cls.__name__, members, kids))
+
+    def _function(self, name: str, torch_name: str, members: list, kids: dict) -> str:
+        k = len(members)
+        groups: list = []  # [name, values, kind]
+
+        def arg_for(values: tuple, hint: str, kind: str, default=_NO_DEFAULT) -> Arg:
+            for g in groups:
+                if g[1] == values:
+                    return Arg(g[0])
+            taken = {g[0] for g in groups}
+            base = hint if hint.isidentifier() and hint not in RESERVED else f"{hint}_"
+            if not base.isidentifier():
+                base = "value"
+            new, j = base, 1
+            while new in taken:
+                j += 1
+                new = f"{base}_{j}"
+            groups.append([new, values, kind, default])
+            return Arg(new)
+
+        def unify(values: tuple, hint: str, default=_NO_DEFAULT):
+            first = values[0]
+            if all(_same(v, first) or v == first for v in values):
+                return first
+            types = {type(v) for v in values}
+            if types == {Leaf} and len({v.factory for v in values}) == 1:
+                params = inspect.signature(getattr(nn, first.factory)).parameters
+                names = list(dict.fromkeys(n for v in values for n, _ in v.args))
+                names.sort(key=lambda n: list(params).index(n) if n in params else len(params))
+                out = []
+                for n in names:
+                    default = params[n].default if n in params else None
+                    vals = tuple(dict(v.args).get(n, default) for v in values)
+                    out.append((n, unify(vals, n, default)))
+                return Leaf(first.factory, tuple(out))
+            if types == {TensorSpec} and len({(v.kind, v.dtype, len(v.shape)) for v in values}) == 1:
+                shape = tuple(unify(tuple(v.shape[i] for v in values), "size") for i in range(len(first.shape)))
+                return TensorSpec(first.kind, shape, first.dtype)
+            if types == {Container} and len({(v.kind, tuple(n for n, _ in v.items)) for v in values}) == 1:
+                return Container(first.kind, tuple((n, unify(tuple(dict(v.items)[n] for v in values),
+                                                             hint if n.isdigit() else n)) for n, _ in first.items))
+            if types == {Call} and len({(v.func, tuple(n for n, _ in v.args)) for v in values}) == 1:
+                args = tuple((n, unify(tuple(dict(v.args)[n] for v in values), n)) for n, _ in first.args)
+                return Call(first.func, args, first.keywords)
+            if all(_is_literal(v) for v in values):
+                return arg_for(values, hint, "value", default)
+            return arg_for(values, hint, "child")
+
+        names = [n for n, _ in kids[id(members[0])]]
+        template = [(n, unify(tuple(dict(kids[id(m)])[n] for m in members), n)) for n in names]
+        forwards = [self.specs[id(m)][1] for m in members]
+        recorded = [f for f, m in zip(forwards, members) if not _unrecorded(f)]
+        forms = list(dict.fromkeys(repr(f) for f in recorded)) or [repr(forwards[0])]
+        sig = next((self.specs[id(m)][2] for m, f in zip(members, forwards) if not _unrecorded(f)),
+                   self.specs[id(members[0])][2])
+        if len(forms) == 1:
+            stmts = recorded[0] if recorded else forwards[0]
+        else:
+            stmts = _branch_forms(members, forwards, template, arg_for, groups)
+        # arguments: those whose most common value is in most instances get it as their default
+        params, call_args = [], {id(m): [] for m in members}
+        for g in groups:
+            counts = Counter(repr(v) for v in g[1])
+            common, c = counts.most_common(1)[0]
+            default = _NO_DEFAULT
+            if c * 2 > k and (common == "None" or (g[3] is not _NO_DEFAULT and repr(g[3]) == common)):
+                default = next(v for v in g[1] if repr(v) == common)
+            params.append((g[0], default, g[1]))
+        params.sort(key=lambda p: p[1] is not _NO_DEFAULT)
+        for i, m in enumerate(members):
+            for pname, default, values in params:
+                if default is _NO_DEFAULT or repr(values[i]) != repr(default):
+                    call_args[id(m)].append((pname, values[i]))
+            keywords = tuple(p for p, d, _ in params if d is not _NO_DEFAULT)
+            self.calls[id(m)] = Call(name, tuple(call_args[id(m)]), keywords)
+        head = ", ".join(p if d is _NO_DEFAULT else f"{p}={literal(d)}" for p, d, _ in params)
+        lines = [f"def {name}({head}):", f"    def forward({sig}):"]
+        lines += ["        " + line for s in stmts for line in s]
+        children = [("forward", None)] + [(n, v) for n, v in template]
+        if name != torch_name:
+            children.insert(1, ("name", torch_name))
+        if any(m is getattr(self, "root", None) for m in members) and self.ties:
+            children.append(("tied", self.ties))
+        parts = [(None if n == "forward" else n, _Raw("forward") if n == "forward" else v) for n, v in children]
+        lines += ["", "    return " + _call("nn.Composite", parts, 11, self.width)]
+        return "\n".join(lines) + "\n"
+
+
+def _pad_none_children(instances, kids: dict) -> None:
+    """``self.downsample = None`` is a plain attribute in torch, not a child: an instance that
+    has None where another instance has a child gets ``downsample=None`` in the same place."""
+    base = max((tuple(n for n, _ in kids[id(m)]) for m in instances), key=len)
+    for m in instances:
+        have = dict(kids[id(m)])
+        missing = set(base) - set(have)
+        if missing and all(getattr(m, n, 0) is None for n in missing) and [n for n in base if n in have] == \
+                list(have):
+            kids[id(m)] = tuple((n, have.get(n)) for n in base)
+
+
+def _unrecorded(stmts) -> bool:
+    return len(stmts) == 1 and stmts[0][0].startswith("raise NotImplementedError")
+
+
+def _partition(instances, kids, specs) -> list:
+    """Instances that can share one function: the same child names, and forwards that one
+    condition can tell apart (checked when the function is written; here by child names)."""
+    parts: dict = {}
+    for m in instances:
+        key = tuple(n for n, _ in kids[id(m)])
+        parts.setdefault(key, []).append(m)
+    out = []
+    for members in parts.values():
+        if _separable(members, kids, specs):
+            out.append(members)
+        else:
+            by_form: dict = {}
+            for m in members:
+                by_form.setdefault(repr(specs[id(m)][1]), []).append(m)
+            out.extend(by_form.values())
+    return out
+
+
+def _separable(members, kids, specs) -> bool:
+    forms = {repr(specs[id(m)][1]) for m in members if not _unrecorded(specs[id(m)][1])}
+    if len(forms) <= 1:
+        return True
+    return _condition(members, kids, specs) is not None
+
+
+def _condition(members, kids, specs):
+    """How to tell the forms apart: ``("child", name)`` (None in exactly one form's instances)
+    or ``("attr", name)`` (an attribute of the torch module with one value per form)."""
+    form = [repr(specs[id(m)][1]) for m in members]
+    forms = list(dict.fromkeys(form))
+    if len(forms) == 2:
+        for n, _ in kids[id(members[0])]:
+            none = [dict(kids[id(m)])[n] is None for m in members]
+            if any(none) and not all(none):
+                with_none = {f for f, x in zip(form, none) if x}
+                without = {f for f, x in zip(form, none) if not x}
+                if len(with_none) == 1 and len(without) == 1 and with_none != without:
+                    return ("child", n)
+    names = [n for n in vars(members[0]) if not n.startswith("_") and n != "training"]
+    for n in names:
+        values = [getattr(m, n, _NO_DEFAULT) for m in members]
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
+            continue
+        per_form: dict = {}
+        for f, v in zip(form, values):
+            per_form.setdefault(f, set()).add(repr(v))
+        if all(len(s) == 1 for s in per_form.values()) and len({next(iter(s)) for s in per_form.values()}) == \
+                len(forms):
+            return ("attr", n)
+    return None
+
+
+def _branch_forms(members, forwards, template, arg_for, groups) -> list:
+    kids = {id(m): tuple(template) for m in members}
+    specs = {id(m): (None, f, None) for m, f in zip(members, forwards)}
+    how = _condition(members, {id(m): _kid_values(m, template, groups, members) for m in members}, specs)
+    form = [repr(f) for f in forwards]
+    forms = list(dict.fromkeys(form))
+    first = {f: forwards[form.index(f)] for f in forms}
+    del kids
+    if how[0] == "child":
+        name = how[1]
+        none_form = next(f for f, m in zip(form, members)
+                         if _kid_values(m, template, groups, members)[[n for n, _ in template].index(name)][1] is None)
+        other = next(f for f in forms if f != none_form)
+        return branch(f"self.{name} is not None", first[other], first[none_form])
+    attr = how[1]
+    values = tuple(getattr(m, attr) for m in members)
+    arg = arg_for(values, attr, "value")
+    value_of = {f: getattr(members[form.index(f)], attr) for f in forms}
+    cases = []
+    for f in sorted(forms, key=lambda f: value_of[f] is not True):
+        v = value_of[f]
+        cond = arg.name if v is True else (f"not {arg.name}" if v is False else f"{arg.name} == {literal(v)}")
+        cases.append((cond, first[f]))
+    out = cases[-1][1]
+    for cond, stmts in reversed(cases[:-1]):
+        out = branch(cond, stmts, out)
+    return out
+
+
+def _kid_values(member, template, groups, members):
+    """``(name, value)`` of each child of ``member``: the template with this instance's arguments."""
+    i = members.index(member)
+    values = {g[0]: g[1][i] for g in groups}
+    return tuple((n, values[v.name] if isinstance(v, Arg) else v) for n, v in template)

@@ -1,0 +1,86 @@
+"""Text helpers of ``to_source``: constants as source, ``self.h[0]`` paths, indexing and
+parentheses where an expression becomes an operand."""
+
+from __future__ import annotations
+
+import ast
+import keyword
+import math
+import re
+
+import numpy as np
+
+
+def child_expr(path: str) -> str:
+    """``self.h[0].attn`` for the dotted path ``"h.0.attn"``."""
+    out = "self"
+    for part in path.split("."):
+        if part.isdigit():
+            out += f"[{part}]"
+        elif part.isidentifier() and not keyword.iskeyword(part):
+            out += f".{part}"
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def atom(s: str) -> str:
+    """``s`` in parentheses unless it binds tighter than any operator."""
+    depth, quote = 0, None
+    for i, c in enumerate(s):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and c in " +-*/@%<>=&|~^!:,":
+            if c == "-" and i == 0 and re.fullmatch(r"-\d+(\.\d*)?(e-?\d+)?", s):
+                continue
+            return f"({s})"
+    return s
+
+
+def index(text: str, path: tuple) -> str:
+    """``text[i][j]``; an element of a tuple written out (``(a, (b,))``) is taken directly."""
+    for p in path:
+        try:
+            tree = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            tree = None
+        if isinstance(tree, (ast.Tuple, ast.List)) and isinstance(p, int) and 0 <= p < len(tree.elts):
+            text = ast.unparse(tree.elts[p])
+        else:
+            text = f"{atom(text)}[{p!r}]"
+    return text
+
+
+def literal(value, ctx=None) -> str:
+    """A constant argument as source: dtypes as ``jnp.float32``, infinities as ``jnp.inf``; an
+    array of more than 8 values becomes a module-level constant of ``ctx.constants``."""
+    if isinstance(value, np.dtype) or (isinstance(value, type) and issubclass(value, np.generic)):
+        name = np.dtype(value).name
+        return "jnp.bool_" if name == "bool" else f"jnp.{name}"
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return "jnp.nan" if math.isnan(value) else ("jnp.inf" if value > 0 else "-jnp.inf")
+    if value is Ellipsis:
+        return "..."
+    if isinstance(value, np.ndarray):
+        dtype = literal(value.dtype)
+        text = f"jnp.array({value.tolist()!r}, {dtype})"
+        if value.size <= 8 or ctx is None:
+            return text
+        name = f"CONST_{len(ctx.constants)}"
+        ctx.constants.append((name, text))
+        return name
+    if isinstance(value, tuple):
+        return "(" + ", ".join(literal(v, ctx) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, list):
+        return "[" + ", ".join(literal(v, ctx) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {literal(v, ctx)}" for k, v in value.items()) + "}"
+    return repr(value)
