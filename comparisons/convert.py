@@ -75,7 +75,8 @@ def _run(opts: Options, steps: int) -> Result:
     sd0 = {k: v.detach().clone() for k, v in net.state_dict().items()}
     (model, params, state), convert_sec = timed(interop.convert, net, x0, steady=False)
     port, source_sec = timed(interop.to_source, net, x0, steady=False)
-    params["lm_head"]["weight"] = params["lm_head"]["weight"].at[0, 0].add(opts.perturb)
+    wte = params["transformer"]["wte"]  # the tied array (lm_head.weight is an nn.Tied to it)
+    wte["weight"] = wte["weight"].at[0, 0].add(opts.perturb)
     opt, sched = torch_optimizer(net, steps)
     tx = interop.convert_optimizer(opt, sched, params, module=net)
 
