@@ -28,7 +28,7 @@ __all__ = ["TITLE", "run", "torch_optimizer"]
 
 TITLE = "Your own torch model, converted: interop.convert traces nanoGPT, to_source writes the port"
 
-STEPS, BATCH = 30, 8
+STEPS, BATCH = 50, 8
 LR, MIN_LR, WD, BETAS, WARMUP, CLIP = 1e-3, 1e-4, 0.1, (0.9, 0.95), 10, 1.0
 
 

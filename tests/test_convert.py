@@ -15,7 +15,6 @@ tnn = torch.nn
 TF = torch.nn.functional
 
 sys.path.insert(0, os.path.dirname(__file__))
-from convert_check import check, to_jax  # noqa: E402
 from convert_zoo import ZOO  # noqa: E402
 
 from funcnet import interop, nn  # noqa: E402
@@ -24,28 +23,35 @@ from funcnet.interop import ConversionError  # noqa: E402
 HERE = os.path.dirname(__file__)
 
 
-@pytest.mark.parametrize("name", list(ZOO))
-def test_zoo_matches_torch_in_float32(name):
-    # the forward in eval and train, the loss, the gradients, 3 SGD steps, the buffers after them
-    err = check(name, torch.float32)
-    assert err["keys"] == 0.0, err
-    for what in ("eval", "train", "loss"):
-        assert err[what] < 1e-5, (what, err)
-    assert err["grads"] < 5e-5, err
-    assert err["params_after"] < 5e-5, err
-    assert err["state_after"] == 0.0, err
-
-
-def test_zoo_matches_torch_in_float64():
-    env = dict(os.environ, JAX_ENABLE_X64="1")
-    run = subprocess.run([sys.executable, os.path.join(HERE, "convert_check.py"), "float64"], env=env,
-                         capture_output=True, text=True, timeout=900)
+def _zoo(dtype: str) -> dict:
+    """Every zoo model through the oracle in one fresh process (tests/convert_check.py): XLA's
+    backend at optimization level 0 compiles the 16 training steps in about half the time (it
+    skips LLVM's optimizations, not IEEE semantics)."""
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0",
+               JAX_ENABLE_X64="1" if dtype == "float64" else "0")
+    run = subprocess.run([sys.executable, os.path.join(HERE, "convert_check.py"), dtype], env=env,
+                         capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     errors = json.loads(run.stdout.strip().splitlines()[-1])
     assert set(errors) == set(ZOO)
-    for name, err in errors.items():
-        worst = max(v for k, v in err.items())
-        assert worst < 1e-10, (name, err)
+    return errors
+
+
+def test_zoo_matches_torch_in_float32():
+    # the forward in eval and train, the loss, the gradients, 3 SGD steps, the buffers after them
+    bad = {}
+    for name, err in _zoo("float32").items():
+        limits = {"eval": 1e-5, "train": 1e-5, "loss": 1e-5, "grads": 5e-5, "params_after": 5e-5, "keys": 0.0,
+                  "state_after": 0.0}
+        over = {k: v for k, v in err.items() if v > limits[k]}
+        if over:
+            bad[name] = over
+    assert not bad, bad
+
+
+def test_zoo_matches_torch_in_float64():
+    bad = {name: err for name, err in _zoo("float64").items() if max(err.values()) >= 1e-10}
+    assert not bad, bad
 
 
 def test_converted_model_is_not_tied_to_the_example_batch():
