@@ -231,3 +231,16 @@ def test_instances_differing_in_constants_share_one_function():
         want = module(x).numpy()
     got, _ = nn.call(model, params, state, jax.numpy.asarray(x.numpy()))
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["mnist_net", "vit"])
+def test_train_mode_draws_as_convert_does(name):
+    """With dropout on, the written model and convert's draw the same masks from the same key:
+    the statements keep the recorded order of random calls."""
+    module, args, kwargs = ZOO[name](0.2)
+    model, params, state = _load(interop.to_source(module, *args, **kwargs), module)
+    converted = interop.convert(module, *args, **kwargs)
+    key = jax.random.key(1)
+    ours = nn.call(model, params, state, *to_jax(args), train=True, key=key, **to_jax(kwargs))[0]
+    theirs = nn.call(*converted, *to_jax(args), train=True, key=key, **to_jax(kwargs))[0]
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
