@@ -240,7 +240,6 @@ def test_train_mode_draws_as_convert_does(name):
     module, args, kwargs = ZOO[name](0.2)
     model, params, state = _load(interop.to_source(module, *args, **kwargs), module)
     converted = interop.convert(module, *args, **kwargs)
-    key = jax.random.key(1)
-    ours = nn.call(model, params, state, *to_jax(args), train=True, key=key, **to_jax(kwargs))[0]
-    theirs = nn.call(*converted, *to_jax(args), train=True, key=key, **to_jax(kwargs))[0]
+    ours = nn.call(model, params, state, *to_jax(args), train=True, key=jax.random.key(1), **to_jax(kwargs))[0]
+    theirs = nn.call(*converted, *to_jax(args), train=True, key=jax.random.key(1), **to_jax(kwargs))[0]
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
