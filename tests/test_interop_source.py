@@ -250,3 +250,25 @@ def test_train_mode_draws_as_convert_does(name):
     ours = _call(model, params, state, *to_jax(args), train=True, key=jax.random.key(1), **to_jax(kwargs))[0]
     theirs = _call(*converted, *to_jax(args), train=True, key=jax.random.key(1), **to_jax(kwargs))[0]
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+class _Act(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.lin, self.kinds = torch.nn.Linear(4, 4), [kind]  # a list: no attribute tells the forms apart
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) if self.kinds[0] == "relu" else torch.tanh(self.lin(x)) * 2
+
+
+def test_forms_nothing_tells_apart_are_separate_functions():
+    torch.manual_seed(0)
+    root = torch.nn.Sequential(_Act("relu"), _Act("tanh"), _Act("relu"))
+    source = interop.to_source(root, torch.randn(2, 4))
+    assert "# _Act's instances trace to different forwards" in source and "def _Act_2():" in source, source
+    model, params, state = _load(source, root)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        want = root(x).numpy()
+    np.testing.assert_allclose(np.asarray(_call(model, params, state, jax.numpy.asarray(x.numpy()))[0]), want,
+                               rtol=1e-5, atol=1e-6)

@@ -372,9 +372,12 @@ def _partition(instances, kids, specs) -> list:
             out.append(members)
         else:
             by_form: dict = {}
-            for m in members:
-                by_form.setdefault(repr(specs[id(m)][1]), []).append(m)
-            out.extend(by_form.values())
+            for m in members:  # an instance never called goes with the first form (its forward is unknown)
+                if not _unrecorded(specs[id(m)][1]):
+                    by_form.setdefault(masked(specs[id(m)][1]), []).append(m)
+            groups = list(by_form.values()) or [[]]
+            groups[0] += [m for m in members if _unrecorded(specs[id(m)][1])]
+            out.extend(groups)
     return out
 
 
@@ -413,13 +416,11 @@ def _condition(members, kids, specs):
 
 
 def _branch_forms(members, forwards, template, arg_for, groups) -> list:
-    kids = {id(m): tuple(template) for m in members}
     specs = {id(m): (None, f, None) for m, f in zip(members, forwards)}
     how = _condition(members, {id(m): _kid_values(m, template, groups, members) for m in members}, specs)
     form = [repr(f) for f in forwards]
     forms = list(dict.fromkeys(form))
     first = {f: forwards[form.index(f)] for f in forms}
-    del kids
     if how[0] == "child":
         name = how[1]
         none_form = next(f for f, m in zip(form, members)
