@@ -69,7 +69,8 @@ from funcnet import data, epoch, models, profile, train  # noqa: E402
 
 PEERS = ("raw JAX", "flax nnx", "equinox")
 LOOP = "torch LSTMCell loop"  # a torch row only the lstm spec has
-IMPLS = ("torch eager", "torch.compile", LOOP, *PEERS, "funcnet make_step", "funcnet run_epoch")
+CONVERTED = "interop.convert make_step"  # the torch model converted by tracing, trained by make_step
+IMPLS = ("torch eager", "torch.compile", LOOP, *PEERS, "funcnet make_step", "funcnet run_epoch", CONVERTED)
 ROOT = Path(__file__).resolve().parent.parent
 SLACK = 0.97  # funcnet's goal against each JAX peer: >= 1.0x, 3% for noise
 
@@ -374,6 +375,23 @@ def funcnet_impl(spec, *, scan):
     return Runner(run, values, stages=stages)
 
 
+def converted_spec(spec):
+    """``spec`` with the torch model converted by ``interop.convert`` (traced on one batch) in
+    place of the hand-written funcnet model: the same weights, optimizer and data."""
+    import copy
+
+    import torch
+
+    from funcnet import interop
+
+    example = torch.from_numpy(np.asarray(spec.x[: spec.batch]))
+    example = example.long() if not np.issubdtype(spec.x.dtype, np.floating) else example
+    model, params, state = interop.convert(spec.theirs, example)
+    out = copy.copy(spec)
+    out.ours, out.params, out.model_state = model, params, state
+    return out
+
+
 def first_order(spec):
     state = _fresh_state(spec)
     return np.asarray(data.epoch_indices(jax.random.split(state.key)[1], len(spec.x), spec.batch))
@@ -395,6 +413,8 @@ def build(spec, name) -> Runner:
         return torch_impl(spec, compiled=name == "torch.compile")
     if name in PEERS:
         return peer_impl(spec, name)
+    if name == CONVERTED:
+        return funcnet_impl(converted_spec(spec), scan=False)
     return funcnet_impl(spec, scan=name == "funcnet run_epoch")
 
 
@@ -492,6 +512,11 @@ def goals(rows):
         if "torch.compile" in best["vs"]:
             x = best["vs"]["torch.compile"]
             out.append((f"{model}: {best['impl']} ahead of torch.compile", x > 1, f"{x:.2f}x"))
+        converted = next((r for r in rows if r["model"] == model and r["impl"] == CONVERTED and r.get("vs")), None)
+        if converted is not None and "funcnet make_step" in converted["vs"]:
+            x = converted["vs"]["funcnet make_step"]
+            out.append((f"{model}: the converted torch model's step within 5% of the hand-written funcnet model's",
+                        x >= 0.95, f"{x:.3f}x"))
     return out
 
 

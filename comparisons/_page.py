@@ -57,6 +57,8 @@ CONCEPTS: list[tuple[str, str, tuple[str, ...]]] = [
     ("remedies for memory: shard params/grads/optimizer state, recompute activations",
      "ZeRO-3 sharding with `NamedSharding` (vs torch FSDP2); `jax.checkpoint` (vs torch.utils.checkpoint)",
      ("fsdp", "activation_checkpointing")),
+    ("your own model: an nn.Module with its own forward, its optimizer and LR scheduler",
+     "`interop.convert` (traced), `interop.to_source`, `interop.convert_optimizer`", ("convert",)),
 ]
 
 _CSS = """

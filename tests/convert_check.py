@@ -133,8 +133,9 @@ def _check(module, args, kwargs, converted, steps: int, lr: float) -> dict:
     out = {}
 
     module.eval()
-    with torch.no_grad():
-        out["eval"] = tree_rel(nn.call(model, params, state, *jargs, **jkwargs)[0], module(*args, **kwargs))
+    with torch.no_grad():  # jitted: op by op, each new shape of each op compiles on its own (seconds)
+        y = jax.jit(lambda p, s: nn.call(model, p, s, *jargs, **jkwargs)[0])(params, state)
+        out["eval"] = tree_rel(y, module(*args, **kwargs))
 
     module.train()
     opt = torch.optim.SGD(module.parameters(), lr=lr)

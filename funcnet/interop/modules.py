@@ -16,7 +16,6 @@ import jax.numpy as jnp
 from funcnet import nn
 from funcnet.interop.registry import (
     _IGNORED,
-    SUPPORTED_MODULES,
     ConversionError,
     _container_base,
     _match,

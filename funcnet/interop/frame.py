@@ -1,0 +1,184 @@
+"""What the recorder keeps per module call: the ``Frame`` (nodes, the tensors it has seen, their
+aliases) and ``Dim``, a size read off a tensor that remembers where it came from."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import os
+import sys
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from funcnet.interop.graph import Node, Ref, Slice
+
+
+def user_line(skip_dirs: tuple[str, ...]) -> str:
+    """``file:line`` of the innermost frame outside torch and funcnet (the user's code)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(skip_dirs) and "<frozen" not in name:
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+class Dim(int):
+    """A size read off a tensor (or computed from sizes): an int that knows its node."""
+
+    def __new__(cls, value: int, ref: Ref, frame: "Frame"):
+        obj = int.__new__(cls, value)
+        obj.ref, obj.frame = ref, frame
+        return obj
+
+    def _op(self, other, fn, name, reverse=False):
+        value = fn(int(other), int(self)) if reverse else fn(int(self), int(other))
+        frame = self.frame
+        if not frame.active or (isinstance(other, Dim) and other.frame is not frame):
+            return value
+        a, b = (other, self) if reverse else (self, other)
+        ref = frame.add(Node("dim", name, (frame.arg(a), frame.arg(b))))
+        return Dim(value, ref, frame) if isinstance(value, int) else value
+
+    def __add__(self, o): return self._op(o, operator.add, "add") if isinstance(o, int) else NotImplemented
+    def __radd__(self, o): return self._op(o, operator.add, "add", True) if isinstance(o, int) else NotImplemented
+    def __sub__(self, o): return self._op(o, operator.sub, "sub") if isinstance(o, int) else NotImplemented
+    def __rsub__(self, o): return self._op(o, operator.sub, "sub", True) if isinstance(o, int) else NotImplemented
+    def __mul__(self, o): return self._op(o, operator.mul, "mul") if isinstance(o, int) else NotImplemented
+    def __rmul__(self, o): return self._op(o, operator.mul, "mul", True) if isinstance(o, int) else NotImplemented
+    def __floordiv__(self, o): return self._op(o, operator.floordiv, "floordiv") if isinstance(o, int) else NotImplemented
+    def __rfloordiv__(self, o):
+        return self._op(o, operator.floordiv, "floordiv", True) if isinstance(o, int) else NotImplemented
+    def __mod__(self, o): return self._op(o, operator.mod, "mod") if isinstance(o, int) else NotImplemented
+    def __neg__(self): return self._op(-1, operator.mul, "mul")
+
+
+@dataclasses.dataclass
+class Frame:
+    """One module call being recorded (``silent``: a leaf or a container, not looked inside)."""
+
+    module: Any
+    silent: bool
+    nodes: list = dataclasses.field(default_factory=list)
+    known: dict = dataclasses.field(default_factory=dict)  # id(obj) -> (obj, Ref)
+    stale: dict = dataclasses.field(default_factory=dict)  # id(obj) -> where it was changed through an alias
+    tensors: dict | None = None  # id(param or buffer) -> ("param" | "buffer", dotted path)
+    paths: dict | None = None  # id(submodule) -> dotted path
+    active: bool = True
+    recorder: Any = None
+    inside_leaf: bool = False  # this module or an ancestor is a leaf: nothing inside is recorded
+    bound: Any = None  # the forward's arguments (inspect.BoundArguments)
+    inputs: dict = dataclasses.field(default_factory=dict)
+    constants: dict = dataclasses.field(default_factory=dict)
+    buffers_before: dict = dataclasses.field(default_factory=dict)
+    names: dict = dataclasses.field(default_factory=dict)  # Ref -> variable name in the user's code
+
+    def add(self, node: Node) -> Ref:
+        self.nodes.append(node)
+        return Ref(len(self.nodes) - 1)
+
+    def bind(self, value, ref: Ref) -> None:
+        """Remember every tensor and size in ``value`` (a tree) as ``ref`` indexed by its position."""
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            self.known[id(value)] = (value, ref)
+            self.stale.pop(id(value), None)
+        elif isinstance(value, Dim):
+            self.known[id(value)] = (value, ref)
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                self.bind(v, Ref(ref.node, ref.path + (i,)))
+
+    def own_tensors(self) -> dict:
+        if self.tensors is None:
+            self.tensors = {}
+            persistent = set()
+            for name, m in self.module.named_modules():
+                prefix = f"{name}." if name else ""
+                persistent |= {prefix + b for b in m._buffers if b not in m._non_persistent_buffers_set}
+            for name, p in self.module.named_parameters():
+                self.tensors.setdefault(id(p), ("param", name))
+            for name, b in self.module.named_buffers():
+                if name in persistent:
+                    self.tensors.setdefault(id(b), ("buffer", name))
+        return self.tensors
+
+    def module_path(self, module) -> str | None:
+        if self.paths is None:
+            self.paths = {id(m): name for name, m in self.module.named_modules() if name}
+        return self.paths.get(id(module))
+
+    def arg(self, value):
+        """``value`` (an argument tree) with tensors and sizes as ``Ref``s, torch's dtypes as
+        JAX's, devices dropped and other tensors kept by value."""
+        import torch
+
+        if isinstance(value, Dim):
+            hit = self.known.get(id(value))
+            if hit is not None and hit[0] is value:
+                return hit[1]
+            return value.ref if value.frame is self else int(value)  # C // n_head: a size computed here
+        if isinstance(value, torch.Tensor):
+            return self.tensor_ref(value)
+        if isinstance(value, torch.dtype):
+            return jnp.dtype(str(value).replace("torch.", ""))
+        if isinstance(value, (torch.device, torch.memory_format, torch.layout)):
+            return None
+        if isinstance(value, torch.Size):
+            return tuple(self.arg(v) for v in value)
+        if isinstance(value, slice):
+            return Slice(self.arg(value.start), self.arg(value.stop), self.arg(value.step))
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return tuple(self.arg(v) for v in value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.arg(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.arg(v) for k, v in value.items()}
+        if value is None or isinstance(value, (bool, int, float, str, complex, type(Ellipsis))):
+            return value
+        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form")
+        return None
+
+    def tensor_ref(self, t) -> Ref:
+        hit = self.known.get(id(t))
+        if hit is not None and hit[0] is t:
+            if id(t) in self.stale:
+                self.recorder.problem(self, f"a tensor used after an in-place change through an alias of it (at "
+                                            f"{self.stale[id(t)]}); torch sees the change, a function cannot: "
+                                            f"use an out-of-place form (y = x + 1, not x.add_(1) on a view)")
+                self.stale.pop(id(t))
+            return hit[1]
+        own = self.own_tensors().get(id(t))
+        if own is not None:
+            ref = self.add(Node(own[0], own[1]))
+        else:  # a tensor from outside the module (a constant, a non-persistent buffer)
+            ref = self.add(Node("const", _to_numpy(t)))
+        self.known[id(t)] = (t, ref)
+        return ref
+
+    def mark_aliases_stale(self, changed, where: str) -> None:
+        """``changed`` was written in place: every other tensor sharing its memory changed too."""
+        import torch
+
+        try:
+            ptr = changed.untyped_storage().data_ptr()
+        except RuntimeError:
+            return
+        for key, (obj, _) in list(self.known.items()):
+            if obj is not changed and isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == ptr:
+                self.stale[key] = where
+
+
+def _to_numpy(t) -> np.ndarray:
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    return t.numpy().copy()
+
+
