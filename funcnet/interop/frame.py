@@ -119,7 +119,9 @@ class Frame:
 
         if isinstance(value, Dim):
             hit = self.known.get(id(value))
-            return hit[1] if hit is not None and hit[0] is value else int(value)
+            if hit is not None and hit[0] is value:
+                return hit[1]
+            return value.ref if value.frame is self else int(value)  # C // n_head: a size computed here
         if isinstance(value, torch.Tensor):
             return self.tensor_ref(value)
         if isinstance(value, torch.dtype):

@@ -22,7 +22,7 @@ import numpy as np
 
 from funcnet import nn
 from funcnet.interop.source_forward import RESERVED
-from funcnet.interop.source_modes import branch
+from funcnet.interop.source_modes import branch, masked, parameterized
 from funcnet.interop.source_text import literal
 
 _TUPLE_ARGS = {"kernel_size", "stride", "padding", "dilation", "output_padding", "output_size", "scale_factor",
@@ -307,6 +307,11 @@ class ClassWriter:
                    self.specs[id(members[0])][2])
         if len(forms) == 1:
             stmts = recorded[0] if recorded else forwards[0]
+        elif len({masked(f) for f in recorded}) == 1:  # only constants differ: they become arguments
+            rec = [m for m, f in zip(members, forwards) if not _unrecorded(f)]
+            if len(rec) < len(members):  # an instance never called takes the first recorded one's values
+                rec = [m if not _unrecorded(f) else rec[0] for m, f in zip(members, forwards)]
+            stmts = parameterized(rec, [self.specs[id(m)][1] for m in rec], arg_for)
         else:
             stmts = _branch_forms(members, forwards, template, arg_for, groups)
         # arguments: those whose most common value is in most instances get it as their default
@@ -367,15 +372,18 @@ def _partition(instances, kids, specs) -> list:
             out.append(members)
         else:
             by_form: dict = {}
-            for m in members:
-                by_form.setdefault(repr(specs[id(m)][1]), []).append(m)
-            out.extend(by_form.values())
+            for m in members:  # an instance never called goes with the first form (its forward is unknown)
+                if not _unrecorded(specs[id(m)][1]):
+                    by_form.setdefault(masked(specs[id(m)][1]), []).append(m)
+            groups = list(by_form.values()) or [[]]
+            groups[0] += [m for m in members if _unrecorded(specs[id(m)][1])]
+            out.extend(groups)
     return out
 
 
 def _separable(members, kids, specs) -> bool:
-    forms = {repr(specs[id(m)][1]) for m in members if not _unrecorded(specs[id(m)][1])}
-    if len(forms) <= 1:
+    recorded = [specs[id(m)][1] for m in members if not _unrecorded(specs[id(m)][1])]
+    if len({repr(f) for f in recorded}) <= 1 or len({masked(f) for f in recorded}) == 1:
         return True
     return _condition(members, kids, specs) is not None
 
@@ -408,13 +416,11 @@ def _condition(members, kids, specs):
 
 
 def _branch_forms(members, forwards, template, arg_for, groups) -> list:
-    kids = {id(m): tuple(template) for m in members}
     specs = {id(m): (None, f, None) for m, f in zip(members, forwards)}
     how = _condition(members, {id(m): _kid_values(m, template, groups, members) for m in members}, specs)
     form = [repr(f) for f in forwards]
     forms = list(dict.fromkeys(form))
     first = {f: forwards[form.index(f)] for f in forms}
-    del kids
     if how[0] == "child":
         name = how[1]
         none_form = next(f for f, m in zip(form, members)

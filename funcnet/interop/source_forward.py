@@ -155,13 +155,14 @@ class _Body:
                 continue
             path = node.target[:-2]
             k = self.ctx.lists.get(path, 0)
-            if k < 2 or n + k > len(self.nodes) or len(self.args[n]) != 1:
+            if k < 2 or n + k > len(self.nodes) or not self.args[n]:
                 continue
             ok = True
             for j in range(1, k):
                 m = self.nodes[n + j]
-                if m.kind != "child" or m.target != f"{path}.{j}" or self.args[n + j] != (Ref(n + j - 1),) \
-                        or self.kwargs[n + j] != self.kwargs[n] or self.uses.get(n + j - 1) != [()]:
+                if m.kind != "child" or m.target != f"{path}.{j}" or self.args[n + j][:1] != (Ref(n + j - 1),) \
+                        or self.args[n + j][1:] != self.args[n][1:] or self.kwargs[n + j] != self.kwargs[n] \
+                        or self.uses.get(n + j - 1) != [()]:
                     ok = False
                     break
             if ok:
@@ -198,7 +199,8 @@ class _Body:
             start, end, path = self.loops[n]
             source = self.expr(self.args[start][0])
             var = self._placeholder((n, ()), names.get(Ref(n)) or self._name_of(source) or "x")
-            kw = "".join(f", {k}={self.expr(v)}" for k, v in self.kwargs[start].items())
+            kw = "".join(f", {self.expr(v)}" for v in self.args[start][1:])
+            kw += "".join(f", {k}={self.expr(v)}" for k, v in self.kwargs[start].items())
             self.stmts.append(([f"{var} = {source}", f"for block in {child_expr(path)}:",
                                 f"    {var} = block({var}{kw})"], [var]))
             return

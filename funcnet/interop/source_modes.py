@@ -5,6 +5,8 @@ the statements both branches share written once; and the ``def forward(...)`` si
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 
 from funcnet.interop.graph import Graph
 from funcnet.interop.source_forward import Context, graph_body
@@ -128,3 +130,44 @@ def signature(sig) -> str:
                 text = "None"
             parts.append(f"{p.name}={text}")
     return ", ".join(parts)
+
+
+def masked(stmts: list) -> str:
+    """The statements' text with every number as ``#``: forwards that differ only in constants
+    (a head count, a width) have the same mask."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(_text(stmts)).readline))
+    except (tokenize.TokenError, IndentationError):
+        return _text(stmts)
+    return " ".join("#" if t.type == tokenize.NUMBER else t.string for t in tokens)
+
+
+def _text(stmts: list) -> str:
+    return "\n".join(line for s in stmts for line in s)
+
+
+def parameterized(members: list, forwards: list, arg_for) -> list:
+    """One forward for instances whose forwards differ only in numbers: each differing number
+    becomes an argument (``arg_for(values, hint, kind)``), named after an attribute of the torch
+    modules that holds those values (``n_head``) where one does."""
+    texts = [_text(f) for f in forwards]
+    tokens = [list(tokenize.generate_tokens(io.StringIO(t).readline)) for t in texts]
+    first = tokens[0]
+    names = [n for n, v in vars(members[0]).items() if not n.startswith("_") and isinstance(v, (int, float))
+             and not isinstance(v, bool)]
+    replace = {}
+    for i, tok in enumerate(first):
+        if tok.type != tokenize.NUMBER or len({t[i].string for t in tokens}) == 1:
+            continue
+        values = tuple(ast.literal_eval(t[i].string) for t in tokens)
+        hint = next((n for n in names if tuple(getattr(m, n, None) for m in members) == values), "n")
+        replace[i] = arg_for(values, hint, "value").name
+    lines = texts[0].split("\n")
+    for i in sorted(replace, reverse=True):
+        (row, col), (_, end) = first[i].start, first[i].end
+        lines[row - 1] = lines[row - 1][:col] + replace[i] + lines[row - 1][end:]
+    out, at = [], 0
+    for s in forwards[0]:
+        out.append(lines[at:at + len(s)])
+        at += len(s)
+    return out
