@@ -437,6 +437,72 @@ class Net3d(tnn.Module):
         return self.fc(TF.adaptive_avg_pool3d(x, 1).flatten(1))
 
 
+class RMSNorm(tnn.Module):
+    """A norm of the user's own (LLaMA's): rsqrt of the mean square."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight, self.eps = tnn.Parameter(torch.ones(d)), 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class Llamaish(tnn.Module):
+    """Rotary embeddings from a non-persistent buffer, strided slices, stack + flatten, outer, SiLU."""
+
+    def __init__(self, vocab=20, d=16, heads=2):
+        super().__init__()
+        self.emb, self.norm = tnn.Embedding(vocab, d), RMSNorm(d)
+        self.wq, self.wo = tnn.Linear(d, d, bias=False), tnn.Linear(d, d, bias=False)
+        self.heads = heads
+        inv = 1.0 / (10000 ** (torch.arange(0, d // heads, 2).float() / (d // heads)))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.head = tnn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        B, T = tokens.shape
+        x = self.emb(tokens)
+        q = self.wq(self.norm(x)).view(B, T, self.heads, -1)
+        freqs = torch.outer(torch.arange(T, device=tokens.device).float(), self.inv_freq)
+        cos, sin = freqs.cos()[None, :, None, :], freqs.sin()[None, :, None, :]
+        q1, q2 = q[..., ::2], q[..., 1::2]
+        q = torch.stack([q1 * cos - q2 * sin, q1 * sin + q2 * cos], dim=-1).flatten(-2).transpose(1, 2)
+        att = TF.scaled_dot_product_attention(q, q, q, is_causal=True)
+        x = x + self.wo(att.transpose(1, 2).reshape(B, T, -1))
+        return self.head(TF.silu(x)).mean(dim=1)
+
+
+class WithEncoder(tnn.Module):
+    """torch's TransformerEncoder as a child with a keyword argument, a string-configured pooling."""
+
+    def __init__(self):
+        super().__init__()
+        layer = tnn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.enc, self.cls, self.pool = tnn.TransformerEncoder(layer, 2, enable_nested_tensor=False), \
+            tnn.Linear(8, 3), "mean"
+
+    def forward(self, x, mask=None):
+        y = self.enc(x, src_key_padding_mask=mask)
+        y = y.mean(dim=1) if self.pool == "mean" else y[:, 0]
+        return self.cls(y)
+
+
+class Unet1d(tnn.Module):
+    """GroupNorm, a 1-d transposed conv, F.pad by a size difference, torch.where with a scalar."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = tnn.Conv1d(2, 4, 3, stride=2, padding=1)
+        self.up = tnn.ConvTranspose1d(4, 2, 4, stride=2, padding=1)
+        self.gn = tnn.GroupNorm(2, 4)
+
+    def forward(self, x):
+        y = self.up(TF.gelu(self.gn(self.down(x))))
+        y = TF.pad(y, (0, x.shape[-1] - y.shape[-1]))
+        return torch.where(y > 0, y, 0.1 * y) + x
+
+
 def _seeded(build):
     def make(p=0.0):
         torch.manual_seed(0)
@@ -467,5 +533,8 @@ ZOO = {
     "sdpa_attention": _seeded(lambda p: (SDPAttention(), (torch.randn(2, 5, 8),), {})),
     "running_center": _seeded(lambda p: (RunningCenter(), (torch.randn(6, 4),), {})),
     "net3d": _seeded(lambda p: (Net3d(), (torch.randn(2, 1, 4, 4, 4),), {})),
+    "llama_rope": _seeded(lambda p: (Llamaish(), (_tokens(2, 5, high=20),), {})),
+    "encoder_classifier": _seeded(lambda p: (WithEncoder(), (torch.randn(2, 4, 8),), {})),
+    "unet1d": _seeded(lambda p: (Unet1d(), (torch.randn(2, 2, 9),), {})),
 }
 """name -> builder(p=0.0) -> (module, args, kwargs)"""

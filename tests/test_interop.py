@@ -94,14 +94,14 @@ def test_funcnet_init_matches_torch_layout_and_dtype():
         {k: (tuple(v.shape), v.dtype) for k, v in expected.items()}
 
 
-class WithRNN(tnn.Module):
+class WithBag(tnn.Module):
     def __init__(self):
         super().__init__()
-        self.rnn = tnn.LSTM(4, 4)
+        self.bag = tnn.EmbeddingBag(10, 4)
         self.head = tnn.Linear(4, 2)
 
     def forward(self, x):
-        return self.head(self.rnn(x)[0])
+        return self.head(self.bag(x))
 
 
 class OwnParameter(tnn.Module):
@@ -116,9 +116,9 @@ class OwnParameter(tnn.Module):
 
 @pytest.mark.parametrize("module, named", [
     (tnn.Sequential(tnn.Bilinear(2, 3, 4), tnn.Flatten(), tnn.Linear(4, 10)), ["0 (Bilinear, torch.nn's own layer)"]),
-    (WithRNN(), ["rnn (LSTM, torch.nn's own layer)"]),
-    (tnn.Sequential(tnn.Linear(3, 3), OwnParameter(), tnn.ModuleList([tnn.GRU(3, 3), tnn.Linear(3, 3)])),
-     ["2.0 (GRU, torch.nn's own layer)"]),
+    (WithBag(), ["bag (EmbeddingBag, torch.nn's own layer)"]),
+    (tnn.Sequential(tnn.Linear(3, 3), OwnParameter(), tnn.ModuleList([tnn.Bilinear(3, 3, 3), tnn.Linear(3, 3)])),
+     ["2.0 (Bilinear, torch.nn's own layer)"]),
 ])
 def test_unsupported_layer_is_named_in_a_type_error(module, named):
     with pytest.raises(TypeError) as info:
@@ -386,8 +386,8 @@ def test_modules_of_the_users_own_classes_convert_their_tensors():
     params = from_torch(net)
     assert sorted(funcnet.state_dict(params)) == sorted(net.state_dict())
     np.testing.assert_array_equal(params["1"]["scale"], np.ones(3, np.float32))
-    with pytest.raises(TypeError, match=r"no counterpart for 0 \(LSTM, torch.nn's own layer\)"):
-        from_torch(tnn.Sequential(tnn.LSTM(3, 3), NanoLayerNorm(3)))
+    with pytest.raises(TypeError, match=r"no counterpart for 0 \(Bilinear, torch.nn's own layer\)"):
+        from_torch(tnn.Sequential(tnn.Bilinear(3, 3, 3), NanoLayerNorm(3)))
 
 
 def test_keys_meta_sparse_and_prng_keys_are_named():

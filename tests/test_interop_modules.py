@@ -145,18 +145,19 @@ class ScaledLinear(tnn.Linear):
 
 
 def test_custom_forward_and_unsupported_layers_are_all_named_with_paths():
-    net = tnn.Sequential(tnn.Linear(3, 3), Block(), tnn.ModuleList([tnn.LSTM(3, 3), ScaledLinear(3, 3)]))
+    net = tnn.Sequential(tnn.Linear(3, 3), Block(), tnn.ModuleList([tnn.Bilinear(3, 3, 3), ScaledLinear(3, 3)]))
     with pytest.raises(interop.ConversionError) as info:
         interop.convert(net)
     message = str(info.value)
-    for needle in ["1 (Block)", "user-defined module", "nn.Composite", "docs/design.md",
-                   "2.0 (LSTM)", "no counterpart", "2.1 (ScaledLinear)", "its own forward"]:
+    for needle in ["1 (Block)", "forward is Python code", "example inputs", "nn.Composite", "docs/design.md",
+                   "2.0 (Bilinear)", "no counterpart", "2.1 (ScaledLinear)", "its own forward"]:
         assert needle in message, (needle, message)
     assert "0 (Linear)" not in message
 
 
 def test_user_module_as_root_is_refused_with_the_composite_hint():
-    with pytest.raises(interop.ConversionError, match=r"<root> \(Block\): a user-defined module.*nn\.Composite"):
+    with pytest.raises(interop.ConversionError,
+                       match=r"<root> \(Block\): a module whose forward is Python code; pass example inputs.*nn\.Composite"):
         interop.convert(Block())
     with pytest.raises(TypeError, match="expected a torch.nn.Module, got dict"):
         interop.convert({"w": torch.zeros(1)})

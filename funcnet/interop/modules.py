@@ -29,6 +29,10 @@ from funcnet.state import state_dict as _state_dict
 from funcnet.state import tied_keys
 
 
+_HINT = ("pass example inputs, convert(module, x), to convert it by tracing (or write it as "
+         "nn.Composite(forward, ...), docs/design.md 'Composites')")
+
+
 def _same_as_default(value, default) -> bool:
     if default is inspect.Parameter.empty:
         return False
@@ -58,8 +62,7 @@ def _layer_args(module, path: str, base, row: _Row, problems: list, build) -> tu
     factory = getattr(nn, row.ours)
     where = f"{path or '<root>'} ({type(module).__name__})"
     if type(module).forward is not base.forward:
-        problems.append(f"{where}: a subclass of torch.nn.{base.__name__} with its own forward; write it as "
-                        f"nn.Composite(forward, ...) (docs/design.md, 'Composites')")
+        problems.append(f"{where}: a subclass of torch.nn.{base.__name__} with its own forward; {_HINT}")
         return None
     torch_sig = inspect.signature(base.__init__)
     ours_sig = inspect.signature(factory)
@@ -164,15 +167,12 @@ def _build(module, path: str, registry, problems: list, recording=None) -> Modul
         return _recorded(module, path, registry, problems, recording)
     if container is None and type(module).forward is not tnn.Module.forward:
         if type(module).__module__.startswith("torch.nn"):
-            problems.append(f"{where}: funcnet.nn has no counterpart yet; pass example inputs to convert "
-                            f"(convert(module, x)) to convert its forward by tracing")
+            problems.append(f"{where}: funcnet.nn has no counterpart yet; {_HINT}")
         else:
-            problems.append(f"{where}: a module whose forward is Python code; pass example inputs to convert "
-                            f"(convert(module, x)) to convert it by tracing")
+            problems.append(f"{where}: a module whose forward is Python code; {_HINT}")
         return None
     if container is not None and user_forward:
-        problems.append(f"{where}: a {container.__name__} subclass with its own forward; pass example inputs to "
-                        f"convert (convert(module, x)) to convert it by tracing")
+        problems.append(f"{where}: a {container.__name__} subclass with its own forward; {_HINT}")
         return None
     if _own_tensors(module):
         if recording is not None:
@@ -263,9 +263,11 @@ def convert(module: Any, *example_inputs, **example_kwargs) -> tuple[Module, dic
     ``SUPPORTED_MODULES``; subclasses that keep torch's forward count) become their
     funcnet.nn counterparts, built with the constructor arguments read off the torch
     module (``in_features``, ``kernel_size``, ``eps``, ``momentum``, ...). A module whose
-    ``forward`` is the user's Python code cannot be converted: write it as
-    ``nn.Composite`` and load its weights with ``from_torch_with_state``. Every problem is
-    reported in one ``ConversionError``. ``state`` is ``{}`` for a model without buffers.
+    ``forward`` is the user's Python code is traced on ``example_inputs`` /
+    ``example_kwargs`` (torch tensors): its forward, recorded in train and in eval mode,
+    becomes an ``nn.Composite`` (docs/design.md, "Converting by tracing"). Every problem
+    (an unsupported op, a branch on data, in-place aliasing) is reported in one
+    ``ConversionError``, each with its module path, the torch op and the source line. ``state`` is ``{}`` for a model without buffers.
     Use ``model.apply(params, x)``, or ``nn.call(model, params, state, x, train=...)``.
     """
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):

@@ -55,7 +55,7 @@ def _encoder_args(m, build) -> dict:
     norm = None if m.norm is None else build(m.norm, "norm", problems)
     if problems:
         raise ValueError("; ".join(problems))
-    if len({layer.name for layer in layers}) > 1:
+    if len({getattr(layer, "name", repr(layer)) for layer in layers}) > 1:  # a Module, or to_source's Leaf
         raise ValueError("its layers were built with different arguments; funcnet.nn.TransformerEncoder repeats "
                          "one encoder_layer (as torch's constructor does)")
     return {"encoder_layer": layers[0], "num_layers": len(layers), "norm": norm}
