@@ -175,5 +175,5 @@ def test_refuses_an_op_with_no_jax_form():
 
 
 def test_without_example_inputs_a_forward_of_python_code_asks_for_them():
-    with pytest.raises(ConversionError, match=r"pass example inputs to convert"):
+    with pytest.raises(ConversionError, match=r"pass example inputs, convert\(module, x\), to convert it by tracing"):
         interop.convert(ZOO["resnet"]()[0])
