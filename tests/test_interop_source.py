@@ -272,3 +272,18 @@ def test_forms_nothing_tells_apart_are_separate_functions():
         want = root(x).numpy()
     np.testing.assert_allclose(np.asarray(_call(model, params, state, jax.numpy.asarray(x.numpy()))[0]), want,
                                rtol=1e-5, atol=1e-6)
+
+
+def test_an_untraced_optional_argument_path_raises_clearly_in_the_written_source():
+    import jax.numpy as jnp
+
+    import funcnet
+
+    module, args, kwargs = ZOO["gpt"]()  # traced with targets given
+    namespace: dict = {}
+    exec(interop.to_source(module, *args, **kwargs), namespace)
+    model = namespace["GPT"]()
+    params, state = funcnet.load_state_dict(model.init(jax.random.key(0)), module.state_dict(),
+                                            state=model.init_state())
+    with pytest.raises(ValueError, match="this path was not traced .traced with targets given"):
+        model.apply(params, jnp.asarray(args[0].numpy()), state=state)

@@ -78,10 +78,29 @@ def _fact_text(key, fact) -> str:
     return f"{name} == {literal(value)}"
 
 
+def _untraced_guards(g: Graph) -> list:
+    """``if targets is None: raise ...`` for an optional argument the tracing always gave (or
+    gave another value than its default): the path it would take was never recorded."""
+    out = []
+    for (arg, path), fact in _facts(g).items():
+        p = g.signature.parameters.get(arg)
+        if path or p is None or p.default is p.empty:
+            continue
+        if fact[0] == "input" and p.default is None:
+            cond, what = f"{arg} is None", f"{arg} given"
+        elif fact[0] == "const" and repr(fact[1]) != repr(p.default) and not isinstance(p.default, (list, dict)):
+            cond, what = f"{arg} == {literal(p.default)}", f"{arg}={literal(fact[1])}"
+        else:
+            continue
+        message = f"this path was not traced (traced with {what}); convert with example inputs that take it"
+        out.append([f"if {cond}:", f"    raise ValueError({message!r})"])
+    return out
+
+
 def variants(graphs: list, ctx: Context) -> list:
     """The statements of a mode: one graph, or an if-chain over the arguments that picked each."""
     if len(graphs) == 1:
-        return graph_body(graphs[0], ctx)
+        return _untraced_guards(graphs[0]) + graph_body(graphs[0], ctx)
     facts = [_facts(g) for g in graphs]
     keys = [k for k in dict.fromkeys(k for f in facts for k in f)
             if len({repr(f.get(k)) for f in facts}) > 1]
