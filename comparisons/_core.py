@@ -387,3 +387,17 @@ def run_sections(fns, args, *, steady: bool = True):
         text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
         seconds += s
     return results, "\n".join(text), seconds
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch on one thread inside (restored after): on these tiny ops extra OpenMP threads only
+    wait on each other (the gpt comparison: 26 s with two threads on a busy machine, 1 s with one)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import funcnet
 from funcnet import gpt, interop, text
-from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, raises, timed
+from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, raises, timed
 from comparisons.gpt import CONFIG, TorchGPT, funcnet_train, funcnet_trainer, torch_train
 
 __all__ = ["TITLE", "run", "torch_optimizer"]
@@ -54,12 +54,8 @@ class _Branchy(TorchGPT):
 
 
 def run(opts: Options = Options(), *, steps: int = STEPS) -> Result:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: extra OpenMP threads only wait on each other
-    try:
+    with one_torch_thread():  # tiny ops: extra OpenMP threads only wait on each other
         return _run(opts, steps)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(opts: Options, steps: int) -> Result:

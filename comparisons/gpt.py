@@ -25,7 +25,7 @@ from torch import nn as tnn
 import funcnet
 from funcnet import gpt, text
 from funcnet.gpt import GPTConfig
-from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, source, timed
+from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, source, timed
 
 __all__ = ["TITLE", "run", "TorchGPT", "torch_optimizer", "CONFIG"]
 
@@ -192,12 +192,8 @@ def torch_greedy(model, idx, max_new_tokens):
 # ------------------------------------------------------------------------------ checks
 def run(opts: Options = Options(), *, steps: int = STEPS) -> Result:
     """``steps`` AdamW steps (120 by default; fewer keep a test short)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: extra OpenMP threads only wait on each other (26 s instead of 1 s)
-    try:
+    with one_torch_thread():  # tiny ops: extra OpenMP threads only wait on each other
         return _run(opts, steps)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(opts: Options, steps: int) -> Result:

@@ -28,7 +28,9 @@ from torch import nn as tnn
 
 import funcnet
 from funcnet import gpt, losses, models, nn, text
-from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, raises, source, timed
+from comparisons._core import (
+    Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, raises, source, timed,
+)
 
 __all__ = ["TITLE", "run", "RNNModel"]
 
@@ -221,12 +223,8 @@ def _per_step(fn, repeats=TIMING_REPEATS):
 def run(opts: Options = Options(), *, steps: int = STEPS, compile_lengths=COMPILE_LENGTHS) -> Result:
     """``steps`` TBPTT steps (40 by default); ``compile_lengths``: three sequence lengths whose
     compile is timed (shorter ones keep a test short; the growth check needs the default)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny ops: extra threads only wait on each other
-    try:
+    with one_torch_thread():  # tiny ops: extra OpenMP threads only wait on each other
         return _run(opts, steps, tuple(compile_lengths))
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(opts: Options, steps: int, compile_lengths: tuple) -> Result:

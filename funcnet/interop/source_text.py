@@ -6,9 +6,10 @@ from __future__ import annotations
 import ast
 import keyword
 import math
-import re
 
 import numpy as np
+
+from funcnet.interop.ops._core import atom  # noqa: F401 (source_forward and source_modes import it here)
 
 
 def child_expr(path: str) -> str:
@@ -22,25 +23,6 @@ def child_expr(path: str) -> str:
         else:
             out += f"[{part!r}]"
     return out
-
-
-def atom(s: str) -> str:
-    """``s`` in parentheses unless it binds tighter than any operator."""
-    depth, quote = 0, None
-    for i, c in enumerate(s):
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif depth == 0 and c in " +-*/@%<>=&|~^!:,":
-            if c == "-" and i == 0 and re.fullmatch(r"-\d+(\.\d*)?(e-?\d+)?", s):
-                continue
-            return f"({s})"
-    return s
 
 
 def index(text: str, path: tuple) -> str:
