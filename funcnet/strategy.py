@@ -12,6 +12,10 @@ the run on one up to float summation order.
   device's BatchNorm statistics (pmap only).
 - ``"fsdp"``: ``fsdp.make_fsdp_step``, params and optimizer state sharded (ZeRO-3;
   ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
+- ``"tp"``: ``tensor_parallel.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
+  model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
+  and the rest on data (default: all on model). The GPT is built with
+  ``GPTConfig(qkv_groups=t)`` (tensor_parallel.check_config says why).
 """
 
 from __future__ import annotations
@@ -31,18 +35,20 @@ from funcnet.step import TrainState, make_step
 
 __all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
 
-STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp")
+STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "tp")
 _ALIASES = {"ddp": "shard_map"}  # Lightning's name for torch DDP
 
 
 class Strategy(NamedTuple):
     """A strategy with its options: ``kind`` (one of ``STRATEGIES``), ``buffers`` (what
     data parallelism does with the model's state: ``"broadcast"``, DDP's default, or
-    ``"local"``), ``zero`` (fsdp's level: 3 or 1)."""
+    ``"local"``), ``zero`` (fsdp's level: 3 or 1), ``tensor_parallel`` (tp's model axis; 0:
+    every device)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
     zero: int = 3
+    tensor_parallel: int = 0
 
 
 class Runner(NamedTuple):
@@ -98,8 +104,8 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    if strategy.kind == "fsdp":
-        dp = _fsdp_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    if strategy.kind in ("fsdp", "tp"):
+        dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
     else:
         dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
                                      buffers=strategy.buffers, **step_options)
@@ -116,24 +122,36 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
     return Runner(strategy, dp.n_devices, epoch, dp.put_state, dp.get)
 
 
-def _fsdp_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes, step_options):
-    """fsdp's step as a ``parallel.DataParallel``: the state placed with the step's shardings,
-    the batch split over the mesh, one local copy gathered onto the first device."""
+def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes, step_options):
+    """fsdp's or tp's step as a ``parallel.DataParallel``: the state placed with the step's
+    shardings, the batch split over the mesh's data axes, one local copy on the first device."""
+    kind = strategy.kind
     if jax.process_count() > 1:
-        raise ValueError("strategy='fsdp' in fit runs in one process; over several processes use "
-                         "fsdp.make_fsdp_step with jax.make_array_from_process_local_data")
+        raise ValueError(f"strategy={kind!r} in fit runs in one process; over several processes use "
+                         f"fsdp.make_fsdp_step / tensor_parallel.make_tp_step with jax.make_array_from_process_local_data")
     if strategy.buffers != "broadcast":
-        raise ValueError(f"buffers={strategy.buffers!r} is for data-parallel replicas; fsdp keeps one state "
+        raise ValueError(f"buffers={strategy.buffers!r} is for data-parallel replicas; {kind} keeps one state "
                          f"sharded over the mesh: leave buffers out")
-    mesh = _fsdp.mesh(devices)
-    step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=jax.eval_shape(state_shapes),
-                                **step_options)
+    shapes = jax.eval_shape(state_shapes)
+    if kind == "fsdp":
+        mesh = _fsdp.mesh(devices)
+        step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=shapes, **step_options)
+    else:
+        from funcnet import tensor_parallel as _tp
+
+        n = devices or len(jax.devices())
+        t = strategy.tensor_parallel or n
+        if n % t:
+            raise ValueError(f"strategy='tp': tensor_parallel={t} must divide the {n} devices (the rest is the data "
+                             f"axis)")
+        mesh = _tp.mesh(data=n // t, model=t)
+        step = _tp.make_tp_step(model, tx, loss_fn, mesh, state=shapes, **step_options)
     replicated = NamedSharding(mesh, P())
     n = mesh.devices.size
 
     def put_state(tree):
         if isinstance(tree, TrainState):
-            return _fsdp.shard_state(tree, step.shardings)
+            return jax.device_put(tree, step.shardings)
         return jax.device_put(tree, replicated)
 
     def put_batch(batch):
@@ -143,5 +161,6 @@ def _fsdp_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes
     def get(tree):
         return jax.device_put(tree, jax.devices()[0])
 
-    dp = _parallel.DataParallel("fsdp", n, step, put_state, put_batch, get)
+    # n_devices is the whole mesh: the batch check asks a multiple of it, stricter than tp's data axis needs
+    dp = _parallel.DataParallel(kind, n, step, put_state, put_batch, get)
     return dp

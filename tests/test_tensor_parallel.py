@@ -128,3 +128,25 @@ def test_bad_layouts_are_refused_with_the_fix():
         gpt.GPT(CFG._replace(qkv_groups=3))
     with pytest.raises(ValueError, match="16 devices"):
         tp.mesh(2, 2, 4)
+
+
+def test_fit_with_strategy_tp_equals_one_device():
+    # fit(strategy="tp"): the same shuffled batches and keys on a (data 2, model 2) mesh as on one device
+    from funcnet import strategy, train
+
+    model = gpt.GPT(CFG._replace(qkv_groups=2))  # c_attn packed for a model axis of 2, on every run
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, CFG.vocab_size, size=(16, CFG.block_size)).astype(np.int32)
+    y = rng.integers(0, CFG.vocab_size, size=(16, CFG.block_size)).astype(np.int32)
+
+    def run(**kw):
+        return train.fit(model, optax.adam(1e-3), (x, y), epochs=1, batch_size=8, key=jax.random.key(0),
+                         progress=False, **kw)
+
+    one, hist_one = run()
+    many, hist_many = run(strategy=strategy.Strategy("tp", tensor_parallel=2), devices=4)
+    np.testing.assert_allclose([r["train_loss"] for r in hist_many], [r["train_loss"] for r in hist_one], **TOL)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), **TOL), many.params,
+                 one.params)
+    with pytest.raises(ValueError, match="tensor_parallel=3 must divide the 4 devices"):
+        run(strategy=strategy.Strategy("tp", tensor_parallel=3), devices=4)
