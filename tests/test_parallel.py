@@ -288,6 +288,7 @@ def test_two_processes_of_two_devices_match_one_device(tmp_path, digits):
     assert metrics["history"][-1]["train_loss"] == pytest.approx(history[-1]["train_loss"], abs=1e-5)
 
 
+@pytest.mark.slow  # two processes trained until one is killed; test_a_peer_that_never_joins_is_a_bounded_error runs by default
 def test_a_killed_process_stops_the_run_within_a_bounded_time():
     run = _Run([sys.executable, "-u", str(EXAMPLE), "--num-processes", "2", "--devices-per-process", "1",
                 "--epochs", "100000", "--heartbeat-timeout", "5"], env=_env())
