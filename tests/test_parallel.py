@@ -197,6 +197,10 @@ def test_process_slice_gives_each_process_its_block():
 
 
 # ----------------------------------------------------------------------------- the command
+# three CLI trainings in a fresh process: test_data_parallel_equals_full_batch_sgd checks every kind against one
+# device in-process, and test_reliability.py's --devices 2 run checks that the flag creates the devices in a
+# fresh process; both run by default
+@pytest.mark.slow
 def test_funcnet_train_devices_matches_one_device(tmp_path, digits):
     flags = ["--epochs", "1", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.1", "--hidden", "32",
              "--quiet"]
