@@ -52,7 +52,7 @@ def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarr
         out, new = nn.call(ours, p, state, jnp.asarray(xs[:batch]), train=True)
         return funcnet.losses.cross_entropy(out, jnp.asarray(ys[:batch])), (out, new)
 
-    (loss_j, (out_j, _)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (loss_j, (out_j, _)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)  # one compile
     diffs["forward"] = abs(float(loss_j) - loss_t.item())
     g = funcnet.state_dict(grads)
     diffs["grads"] = max(float(np.max(np.abs(np.asarray(g[k]) - p.grad.numpy())))

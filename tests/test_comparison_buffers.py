@@ -1,6 +1,7 @@
 """comparisons/buffers.py: torch mutates BatchNorm's buffers, funcnet returns them; both agree."""
 
 import jax
+import pytest
 
 from comparisons import buffers
 from comparisons._core import Options
@@ -15,6 +16,7 @@ def test_all_checks_pass():
     assert "def torch_buffers" in result.torch.source and "state=state, train=True" in result.jax.source
 
 
+@pytest.mark.slow  # a float64 rerun: the float32 run above runs by default
 def test_float64_agrees_to_1e_10():
     with jax.enable_x64(True):
         result = buffers.run(Options(dtype="float64"))

@@ -1,13 +1,10 @@
 """comparisons.fsdp on 1 and 2 devices (the full 1/2/4/8 table runs in `python -m comparisons fsdp`):
 torch FSDP2 in 2 gloo processes, ZeRO-3 equal to one device and to torch."""
 
-import pytest
-
 from comparisons import fsdp
 from comparisons._core import Options
 
 
-@pytest.mark.slow
 def test_fsdp_comparison_passes_and_a_perturbed_weight_fails():
     result = fsdp.run(Options(), devices=(1, 2), zeros=(0, 3))
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]

@@ -37,6 +37,7 @@ def test_a_perturbed_jax_weight_fails_the_curve_check():
     assert "learning rate per step: optax warmup_cosine_decay_schedule == LambdaLR" not in failed
 
 
+@pytest.mark.slow  # a float64 rerun in a fresh process: the float32 run above and test_gpt.py's float64 checks run by default
 def test_float64_agrees_to_1e_10():
     code = textwrap.dedent("""
         import torch

@@ -5,8 +5,6 @@ import pytest
 from comparisons import performance
 from comparisons._core import Options
 
-pytestmark = pytest.mark.slow
-
 
 def test_performance_comparison_passes():
     result = performance.run(Options())
@@ -17,6 +15,7 @@ def test_performance_comparison_passes():
     assert "torch.cuda.Event" in result.torch.source and "synchronize" in result.torch.source
 
 
+@pytest.mark.slow  # the verdict's checks are those of the passing run above, which runs by default
 def test_perturbed_jax_weight_fails_only_the_torch_vs_jax_checks():
     result = performance.run(Options(perturb=0.5))
     failed = result.failed()

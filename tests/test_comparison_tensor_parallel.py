@@ -2,13 +2,10 @@
 `python -m comparisons tensor_parallel`): torch DTensor in 2 gloo processes, JAX equal to one
 device and to torch, Megatron's all-reduce count from the HLO."""
 
-import pytest
-
 from comparisons import tensor_parallel
 from comparisons._core import Options
 
 
-@pytest.mark.slow
 def test_tensor_parallel_comparison_passes():
     result = tensor_parallel.run(Options(), meshes={"TP 2": (1, 1, 2)})
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]

@@ -32,6 +32,7 @@ def test_a_perturbed_jax_weight_fails_the_curve_check():
     assert "run_epoch (one lax.scan) == make_step per batch: losses" not in failed
 
 
+@pytest.mark.slow  # a float64 rerun in a fresh process: the float32 run above runs by default
 def test_float64_agrees_to_1e_10():
     code = textwrap.dedent("""
         import torch

@@ -46,7 +46,6 @@ def test_every_example_has_a_stated_result():
     assert sorted(RESULT) == EXAMPLES
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_example_quick(name):
     done = run_example(name, "--quick")

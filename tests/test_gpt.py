@@ -67,16 +67,19 @@ def test_remat_draws_the_loops_dropout_keys():
     plain, idx = GPT(cfg), _idx()
     params = plain.init(jax.random.key(0))
 
-    def loss(model, seed=7):
-        return lambda p: funcnet.losses.cross_entropy(model.apply(p, idx, key=jax.random.key(seed), train=True), idx)
+    def loss(model):
+        # jitted with the key as an argument: one compile per model serves every seed
+        return jax.jit(jax.value_and_grad(
+            lambda p, key: funcnet.losses.cross_entropy(model.apply(p, idx, key=key, train=True), idx)))
 
-    want_loss, want = jax.value_and_grad(loss(plain))(params)
-    got_loss, got = jax.value_and_grad(loss(GPT(cfg, remat="selective")))(params)
+    plain_loss = loss(plain)
+    want_loss, want = plain_loss(params, jax.random.key(7))
+    got_loss, got = loss(GPT(cfg, remat="selective"))(params, jax.random.key(7))
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-6)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
     # a different key gives different masks: the loss above depends on the key
-    assert abs(float(loss(plain, seed=8)(params)) - float(want_loss)) > 1e-4
+    assert abs(float(plain_loss(params, jax.random.key(8))[0]) - float(want_loss)) > 1e-4
 
 
 def test_bad_remat_is_refused_naming_the_choices():
@@ -319,7 +322,8 @@ def test_configure_optimizers_decays_matrices_only_with_the_scheduled_lr():
     lr, wd = 1e-2, 0.1
     tx = gpt.configure_optimizers(learning_rate=lr, weight_decay=wd, warmup_steps=0, decay_steps=10)
     params = GPT(CFG).init(jax.random.key(0))
-    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    # jitted: one compile instead of one per op and leaf
+    updates, _ = jax.jit(tx.update)(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
     sd, up = funcnet.state_dict(params), funcnet.state_dict(updates)
     assert up["lm_head.weight"] is up["transformer.wte.weight"]  # the tied array is updated once
     for k, p in sd.items():

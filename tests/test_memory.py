@@ -323,6 +323,10 @@ def test_transformer_estimate_against_torch_saved_tensors_and_xla(config):
     assert 1.0 <= row["xla_vs_paper"] <= 3.0, row
 
 
+# slow: test_comparison_activation_checkpointing (default run) asserts the same per-layer bytes of
+# measure_activations against the same closed form within 10% for each of the three policies, and that
+# remat='full' frees at least the paper's none - full
+@pytest.mark.slow
 @pytest.mark.parametrize("remat, recompute", [("paper", "none"), ("selective", "selective"), ("full", "full")])
 def test_xla_keeps_the_papers_activations_per_layer_under_each_remat_policy(remat, recompute):
     """XLA's compiled gradient of the GPT with its blocks in a scan under jax.checkpoint: the

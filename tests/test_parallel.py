@@ -197,6 +197,10 @@ def test_process_slice_gives_each_process_its_block():
 
 
 # ----------------------------------------------------------------------------- the command
+# three CLI trainings in a fresh process: test_data_parallel_equals_full_batch_sgd checks every kind against one
+# device in-process, and test_reliability.py's --devices 2 run checks that the flag creates the devices in a
+# fresh process; both run by default
+@pytest.mark.slow
 def test_funcnet_train_devices_matches_one_device(tmp_path, digits):
     flags = ["--epochs", "1", "--batch-size", "64", "--optimizer", "sgd", "--lr", "0.1", "--hidden", "32",
              "--quiet"]
@@ -288,6 +292,7 @@ def test_two_processes_of_two_devices_match_one_device(tmp_path, digits):
     assert metrics["history"][-1]["train_loss"] == pytest.approx(history[-1]["train_loss"], abs=1e-5)
 
 
+@pytest.mark.slow  # two processes trained until one is killed; test_a_peer_that_never_joins_is_a_bounded_error runs by default
 def test_a_killed_process_stops_the_run_within_a_bounded_time():
     run = _Run([sys.executable, "-u", str(EXAMPLE), "--num-processes", "2", "--devices-per-process", "1",
                 "--epochs", "100000", "--heartbeat-timeout", "5"], env=_env())
