@@ -62,6 +62,9 @@ def test_writes_the_split_once_then_reads_it_and_trains_as_fit_stream(tmp_path):
         np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
 
 
+# slow: a kill mid-epoch and a resume of the stream loader are checked bitwise by default in-process
+# (tests/test_loader.py), and BatchNorm's statistics through a CLI resume by tests/test_cli_models.py
+@pytest.mark.slow
 def test_killed_mid_epoch_and_resumed_with_workers_is_bitwise_equal(tmp_path, monkeypatch):
     # the conv net: BatchNorm's running statistics travel in the checkpoints too
     records, ck = str(tmp_path / "records"), str(tmp_path / "ck")
