@@ -10,9 +10,9 @@ import sys
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
 
 from funcnet.interop.graph import Node, Ref, Slice
+from funcnet.interop.weights import _to_numpy
 
 
 def user_line(skip_dirs: tuple[str, ...]) -> str:
@@ -156,7 +156,7 @@ class Frame:
         if own is not None:
             ref = self.add(Node(own[0], own[1]))
         else:  # a tensor from outside the module (a constant, a non-persistent buffer)
-            ref = self.add(Node("const", _to_numpy(t)))
+            ref = self.add(Node("const", _to_numpy(t)))  # bf16 kept exactly, as from_torch keeps it
         self.known[id(t)] = (t, ref)
         return ref
 
@@ -171,14 +171,3 @@ class Frame:
         for key, (obj, _) in list(self.known.items()):
             if obj is not changed and isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == ptr:
                 self.stale[key] = where
-
-
-def _to_numpy(t) -> np.ndarray:
-    import torch
-
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        t = t.float()
-    return t.numpy().copy()
-
-

@@ -114,9 +114,6 @@ def merge_modes(train: Graph, evaluation: Graph) -> Graph | None:
     return dataclasses.replace(train, nodes=nodes)
 
 
-_NO = object()
-
-
 def _flag(a, b):
     """``a`` with ``Training()`` wherever ``a`` is True and ``b`` False (``Training(True)`` for
     the reverse); None where they differ otherwise."""

@@ -23,7 +23,7 @@ from funcnet.interop.registry import (
     _registry,
     _Row,
 )
-from funcnet.interop.weights import from_torch_with_state
+from funcnet.interop.weights import _to_jax, from_torch_with_state
 from funcnet.nn.module import Module, Tied
 from funcnet.state import state_dict as _state_dict
 from funcnet.state import tied_keys
@@ -117,11 +117,12 @@ def _recorded(module, path: str, registry, problems: list, recording) -> Module 
 
     name = type(module).__name__
     kids = {}
+    prefix = f"{path}." if path else ""
     for n, p in module.named_parameters(recurse=False):
-        kids[n] = nn.Parameter(_array(p))
+        kids[n] = nn.Parameter(_to_jax(prefix + n, p))  # from_torch's conversion and checks (x64, int64)
     for n, b in module.named_buffers(recurse=False):
         if n not in module._non_persistent_buffers_set:
-            kids[n] = nn.Buffer(_array(b))
+            kids[n] = nn.Buffer(_to_jax(prefix + n, b))
     ok = True
     for n, c in module.named_children():
         built = _build(c, f"{path}.{n}" if path else n, registry, problems, recording)
@@ -146,12 +147,6 @@ def _modes(graphs: dict) -> dict:
     train, evaluation = graphs.get("train", []), graphs.get("eval", [])
     merged = [merge_modes(a, b) for a, b in zip(train, evaluation)] if len(train) == len(evaluation) else [None]
     return {"both": merged} if merged and all(g is not None for g in merged) else graphs
-
-
-def _array(tensor):
-    from funcnet.interop.trace import _to_numpy
-
-    return jnp.asarray(_to_numpy(tensor), dtype=jnp.bfloat16 if str(tensor.dtype) == "torch.bfloat16" else None)
 
 
 def _build(module, path: str, registry, problems: list, recording=None) -> Module | None:

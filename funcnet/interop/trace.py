@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.frame import Dim, Frame, _to_numpy, user_line  # noqa: F401 (_to_numpy: used by modules)
+from funcnet.interop.frame import Dim, Frame, user_line
 from funcnet.interop.graph import Graph, Node, Ref, structure
 
 _FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
