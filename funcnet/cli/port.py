@@ -208,10 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         print(run(sys.argv[1:] if argv is None else argv))
-    except (UsageError, OSError) as e:
-        print(f"funcnet port: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    except ConversionError as e:
+    except (UsageError, OSError, ConversionError) as e:
         print(f"funcnet port: error: {e}", file=sys.stderr)
         return EXIT_ERROR
     return 0
