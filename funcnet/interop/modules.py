@@ -198,13 +198,13 @@ def _is_walked_container(module) -> bool:
     return container is not None and type(module).forward is container.forward
 
 
-def _trace(module, args, kwargs, registry):
+def _trace(module, args, kwargs, registry, *, names: bool):
     from funcnet.interop import ops
     from funcnet.interop.trace import record
 
     recording = record(module, args, kwargs, is_leaf=lambda m: _is_leaf(m, registry),
                        is_container=_is_walked_container, lookup=ops.lookup, canonical=ops.canonical,
-                       refused=getattr(ops, "REFUSED", {}))
+                       refused=ops.REFUSED, names=names)
     grouped: dict = {}  # one line per problem: a block used twice is one line naming both paths
     for path, op, where, message in recording.problems:
         paths = grouped.setdefault((op, where, message), [])
@@ -271,7 +271,7 @@ def convert(module: Any, *example_inputs, **example_kwargs) -> tuple[Module, dic
     registry = _registry()
     recording = None
     if example_inputs or example_kwargs:
-        recording, problems = _trace(module, example_inputs, example_kwargs, registry)
+        recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=False)
     model = _build(module, "", registry, problems, recording)
     if problems:
         raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))

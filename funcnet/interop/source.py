@@ -182,7 +182,7 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
     from funcnet.interop.modules import _build, _trace
 
     registry = _registry()
-    recording, problems = _trace(module, example_inputs, example_kwargs, registry)
+    recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=True)
     if not problems:
         _build(module, "", registry, problems, recording)
     if problems:

@@ -282,9 +282,11 @@ def _signature(module) -> inspect.Signature:
 
 
 def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_container, lookup, canonical,
-           refused) -> Recording:
+           refused, names: bool = True) -> Recording:
     """Run ``root`` in train and in eval mode under the recorder; the module's parameters,
-    buffers, mode and torch's random state are as before afterwards."""
+    buffers, mode and torch's random state are as before afterwards. ``names``: trace the
+    user's code line by line for their variable names (``to_source`` writes them; replay
+    does not need them)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -311,6 +313,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
     saved = {k: v.detach().clone() for k, v in root.state_dict(keep_vars=True).items()}
     was_training = root.training
     rng = torch.get_rng_state()
+
     def local(frame, event, arg):
         if event in ("line", "return") and not recorder.busy:
             with _quiet(recorder):
@@ -326,7 +329,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         for mode in ("train", "eval"):
             recorder.mode = mode
             root.train(mode == "train")
-            sys.settrace(calls)
+            sys.settrace(calls if names else previous)
             try:
                 with Mode():
                     root(*example_args, **example_kwargs)
