@@ -25,7 +25,8 @@ from torch import nn as tnn
 import funcnet
 from funcnet import gpt, text
 from funcnet.gpt import GPTConfig
-from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, source, timed
+from comparisons._core import (Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, progress,
+                               source, timed)
 
 __all__ = ["TITLE", "run", "TorchGPT", "torch_optimizer", "CONFIG"]
 
@@ -222,7 +223,8 @@ def _run(opts: Options, steps: int) -> Result:
     opt_args = {k: v for k, v in OPT.items() if k != "grad_clip"}
     optimizer, scheduler = torch_optimizer(net, **opt_args)
     batches = [(torch.from_numpy(x).long(), torch.from_numpy(y).long()) for x, y in zip(xb, yb)]
-    (t_losses, t_lrs, t_norms), t_sec = timed(torch_train, net, optimizer, scheduler, batches, OPT["grad_clip"])
+    (t_losses, t_lrs, t_norms), t_sec = timed(torch_train, net, optimizer, scheduler,
+                                              progress(batches, "torch: training steps"), OPT["grad_clip"])
 
     tx = gpt.configure_optimizers(**OPT)
     train = funcnet_trainer(model, tx)
