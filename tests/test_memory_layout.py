@@ -48,6 +48,18 @@ def test_fsdp_and_tp_split_the_matrices_and_the_state():
     assert one.optimizer == 8 * memory.transformer_params(32, 4096, 32000, 2048)
 
 
+def test_a_data_axis_holds_the_gradients_twice_at_their_all_reduce_unless_in_place():
+    # DDP's buckets / XLA's combined all-reduce: one more copy of each device's gradient shard, only with dp > 1
+    for dp, fsdp, tp in [(8, 1, 1), (2, 2, 2), (4, 1, 2)]:
+        p = ml.plan(SEVEN_B, ml.Layout(dp, fsdp, tp, precision="bf16"))
+        assert p.reduce_buffer == p.grads > 0
+        assert p.total == p.params + p.grads + p.reduce_buffer + p.master + p.optimizer + p.activations
+        in_place = ml.plan(SEVEN_B, ml.Layout(dp, fsdp, tp, precision="bf16", reduce_in_place=True))
+        assert in_place.reduce_buffer == 0 and in_place.total == p.total - p.grads
+    for fsdp, tp in [(8, 1), (4, 2), (1, 8)]:  # no data axis: FSDP reduce-scatters layer by layer, TP reduces none
+        assert ml.plan(SEVEN_B, ml.Layout(1, fsdp, tp, precision="bf16")).reduce_buffer == 0
+
+
 def test_the_7b_does_not_fit_replicated_on_80gb_and_the_smallest_fitting_layout():
     assert ml.plan(SEVEN_B, ml.Layout(dp=8, precision="bf16"), device_memory=80 * 10**9).fits is False
     best = ml.smallest_fitting(8, SEVEN_B, 80 * 10**9)
