@@ -1,19 +1,23 @@
-"""Tensor parallelism (Megatron): torch ``parallelize_module`` on DTensor (2 gloo processes) against shardings.
+"""Tensor parallelism (Megatron): torch ``parallelize_module`` and ``fully_shard`` on DTensor (gloo) against shardings.
 
 torch: each ``Block``'s ``attn.c_attn`` and ``mlp.c_fc`` get ``ColwiseParallel()``, its
-``attn.c_proj`` and ``mlp.c_proj`` ``RowwiseParallel()`` (``parallelize_module`` over a 1-D
-cpu mesh, 2 processes on 127.0.0.1 with gloo, each with the whole batch); the attention's
-forward is told its local head count, as torch's TP tutorial does. JAX:
+``attn.c_proj`` and ``mlp.c_proj`` ``RowwiseParallel()`` (``parallelize_module`` over the tp
+sub-mesh of a cpu ``DeviceMesh``, processes on 127.0.0.1 with gloo); for FSDP x TP each
+block and the root then get ``fully_shard`` over the dp sub-mesh (torch's 2-D recipe), each
+dp rank taking its slice of the batch. TP 2, TP 4 and FSDP 2 x TP 2 run one after another in
+the same 4 processes (TP 2 as two replicas of 2). The attention's forward is told its local
+head count, as torch's TP tutorial does. JAX:
 ``funcnet.tensor_parallel.make_tp_step``: the same ``funcnet.make_step``, the params placed
 by Megatron's rules on a ``(data, fsdp, model)`` mesh and jit-ed; XLA inserts the
 all-reduces Megatron writes by hand. Both pack ``c_attn``'s outputs per device
 (``tensor_parallel.pack_qkv``) so each device's slice holds whole heads.
 
 The same GPT from the same weights takes the same Adam steps on one device, with TP on 2
-and 4 devices, on a 2 x 2 FSDP x TP mesh, and in torch. The compiled HLO's collectives
-are counted against Megatron's 2 all-reduces per layer forward and 2 backward, and each
-mesh's per-device bytes (XLA's memory analysis) against ``funcnet.memory.layout.plan``.
-The JAX part needs 4 devices; with fewer it runs in a child process with simulated ones.
+and 4 devices, on a 2 x 2 FSDP x TP mesh, and in torch on each of those meshes. The
+compiled HLO's collectives are counted against Megatron's 2 all-reduces per layer forward
+and 2 backward, and each mesh's per-device bytes (XLA's memory analysis) against
+``funcnet.memory.layout.plan``. The JAX part needs 4 devices; with fewer it runs in a child
+process with simulated ones. The output ends with where the wall time went.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ def tp_worker(rank, world, rendezvous, workdir, runs):
     each take the whole batch, no communication between them), FSDP x TP on ``(fsdp, tp)``
     (torch's 2-D recipe: ``parallelize_module`` over the tp sub-mesh, then ``fully_shard``
     over the dp one; each dp rank takes its slice of the batch)."""
+    marks = [("process started", time.time())]
     import types
 
     import torch
@@ -61,12 +66,13 @@ def tp_worker(rank, world, rendezvous, workdir, runs):
         parallelize_module,
     )
 
-    from comparisons.gpt import TorchGPT
-    from funcnet.gpt import GPTConfig
+    from comparisons.torch_gpt import TorchGPT  # torch alone: no JAX in these processes
 
     torch.set_num_threads(1)
+    marks.append(("imports", time.time()))
     # a file in the run's own folder, as the fsdp comparison's workers meet (no TCP port to race for)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    marks.append(("rendezvous", time.time()))
     xs, ys = torch.load(f"{workdir}/batches.pt")
 
     def local_attention(self, x):  # nanoGPT's forward with the local heads (the TP tutorial's n_heads //= tp)
@@ -80,7 +86,7 @@ def tp_worker(rank, world, rendezvous, workdir, runs):
     out = {}
     for name, (fsdp, tp) in runs.items():
         mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
-        model = TorchGPT(GPTConfig(**CONFIG))
+        model = TorchGPT(types.SimpleNamespace(bias=True, **CONFIG))  # GPTConfig's fields
         model.load_state_dict(torch.load(f"{workdir}/init_packed_{tp}.pt"))  # c_attn rows packed per tp rank
         for block in model.transformer.h:
             parallelize_module(block, mesh["tp"], {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
@@ -114,8 +120,9 @@ def tp_worker(rank, world, rendezvous, workdir, runs):
         full = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
                 for k, v in model.state_dict().items()}
         out[name] = {"state_dict": full, "losses": losses, "seconds": seconds, "param_bytes": param_bytes}
+        marks.append((name, time.time()))
     if rank == 0:
-        torch.save(out, f"{workdir}/tp.pt")
+        torch.save({"runs": out, "marks": marks}, f"{workdir}/tp.pt")
     dist.barrier()  # no rank tears its gloo connections down while another may still use them
     dist.destroy_process_group()
 
@@ -134,10 +141,10 @@ def jax_tp(params, xs, ys, meshes=MESHES):
     cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
     shape = layout.Shape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, BATCH)
     batch = (jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype), jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
-    out = {"runs": {}}
+    out = {"runs": {}, "marks": [("imports", time.time())]}
     for name, (d, f, m) in {"one device": (1, 1, 1), **meshes}.items():
         model = gpt.GPT(cfg._replace(qkv_groups=m))
-        fresh = tp.pack_qkv(jax.tree.map(jax.numpy.array, params), m, cfg.n_head)
+        fresh = tp.pack_qkv(jax.tree.map(np.asarray, params), m, cfg.n_head)  # in NumPy: no op compiled per mesh
         state = fstep.create_train_state(model, tx, jax.random.key(0), params=fresh)
         step = tp.make_tp_step(model, tx, mesh=tp.mesh(d, f, m), state=state, config=model_config(cfg, m))
         state = jax.device_put(state, step.shardings)
@@ -147,14 +154,15 @@ def jax_tp(params, xs, ys, meshes=MESHES):
         stats = compiled.memory_analysis()
         losses, start = [], time.perf_counter()
         for x, y in zip(xs, ys):
-            state, metrics = step(state, jax.device_put((x, y), step.batch_sharding))
+            state, metrics = compiled(state, jax.device_put((x, y), step.batch_sharding))  # not step: a 2nd compile
             losses.append(metrics["loss"])
         jax.block_until_ready(state)
         plan = layout.plan(shape, layout.Layout(d, f, m))
+        out["marks"].append((name, time.time()))
         out["runs"][name] = {
             "losses": [float(v) for v in losses], "seconds": time.perf_counter() - start,
             "compile_seconds": compile_seconds,
-            "params": {k: np.asarray(v) for k, v in funcnet.state_dict(tp.unpack_qkv(state.params, m, cfg.n_head)).items()},
+            "params": funcnet.state_dict(tp.unpack_qkv(jax.tree.map(np.asarray, state.params), m, cfg.n_head)),
             "collectives": tp.collective_stats(compiled), "arguments": int(stats.argument_size_in_bytes),
             "temps": int(stats.temp_size_in_bytes), "plan": plan.as_dict()}
     # Megatron's count, alone: TP 2 with the embedding replicated (1 layer: tests/test_tensor_parallel.py)
@@ -165,6 +173,7 @@ def jax_tp(params, xs, ys, meshes=MESHES):
         abstract = jax.eval_shape(lambda: fstep.create_train_state(model, tx, jax.random.key(0)))  # noqa: B023
         step = tp.make_tp_step(model, tx, mesh=tp.mesh(1, 1, 2), state=abstract, vocab="replicate")
         out["megatron"][n_layer] = tp.collective_stats(step.lower(abstract, batch).compile())
+    out["marks"].append(("Megatron's count", time.time()))
     return out
 
 
@@ -173,7 +182,9 @@ def model_config(cfg, m):
 
 
 def _jax_in_child(workdir: Path) -> dict:
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    # LLVM's optimisation of the CPU kernels off: the same HLO, buffers and collectives (the checks read those) in
+    # about 2/3 of the compile time; the steps run slower, and simulated devices time nothing anyway
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
     done = subprocess.run([sys.executable, "-m", "comparisons.tensor_parallel", str(workdir)], env=env,
                           capture_output=True, text=True, timeout=1200, check=False)
@@ -197,6 +208,7 @@ def _load(path: Path) -> dict:
 
 
 def _child_main(workdir: str) -> None:
+    started = time.time()
     import jax
 
     import funcnet
@@ -206,8 +218,9 @@ def _child_main(workdir: str) -> None:
     meshes = json.loads((Path(workdir) / "meshes.json").read_text())
     params = funcnet.load_state_dict(gpt.GPT(gpt.GPTConfig(**CONFIG)).init(jax.random.key(0)),
                                      {k[2:]: inputs[k] for k in inputs.files if k.startswith("p:")})
-    _dump(jax_tp(params, inputs["xs"], inputs["ys"], {k: tuple(v) for k, v in meshes.items()}),
-          Path(workdir) / "jax.json")
+    out = jax_tp(params, inputs["xs"], inputs["ys"], {k: tuple(v) for k, v in meshes.items()})
+    out["marks"].insert(0, ("process started", started))
+    _dump(out, Path(workdir) / "jax.json")
 
 
 def _packed(sd: dict, groups: int, n_head: int, unpack: bool = False) -> dict:
@@ -233,7 +246,7 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
     import torch.multiprocessing as mp
 
     import funcnet
-    from comparisons.gpt import TorchGPT
+    from comparisons.torch_gpt import TorchGPT
     from funcnet import gpt
 
     if opts.dtype != "float32":
@@ -258,7 +271,7 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
             torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in packed.items()},
                        workdir / f"init_packed_{tp}.pt")
         torch.save((torch.from_numpy(xs).long(), torch.from_numpy(ys).long()), workdir / "batches.pt")
-        begin = time.perf_counter()
+        begin = time.time()
         ctx = mp.spawn(tp_worker, args=(world, str(workdir / "rendezvous"), str(workdir), runs), nprocs=world,
                        join=False)
         if jax.device_count() >= n_devices:
@@ -268,19 +281,29 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
                      **{"p:" + k: np.asarray(v) for k, v in funcnet.state_dict(init).items()})
             (workdir / "meshes.json").write_text(json.dumps(meshes))
             j = _jax_in_child(workdir)
-        j["wall_seconds"] = time.perf_counter() - begin
         deadline = time.monotonic() + 300
         while not ctx.join(timeout=10):
             if time.monotonic() > deadline:
                 for p in ctx.processes:
                     p.kill()
                 raise TimeoutError("the torch tensor-parallel processes did not finish within 300 s")
-        t = torch.load(workdir / "tp.pt")
-        t_wall = time.perf_counter() - begin
+        saved = torch.load(workdir / "tp.pt")
+        t, t_marks = saved["runs"], saved["marks"]
+        joined = time.time()
     for name, (_, tp) in runs.items():
         t[name]["params"] = _packed({k: v.numpy() for k, v in t[name]["state_dict"].items()}, tp, CONFIG["n_head"],
                                     unpack=True)
-    return _result(j, t, meshes, world, {"torch processes": t_wall, "JAX": j.pop("wall_seconds")})
+    return _result(j, t, meshes, world, {"torch": _phases(begin, t_marks), "JAX": _phases(begin, j["marks"]),
+                                         "joined": joined - begin})
+
+
+def _phases(begin: float, marks: list) -> str:
+    """'label seconds' for each phase since the previous mark (the first since ``begin``, the spawn)."""
+    out, last = [], begin
+    for label, stamp in marks:
+        out.append(f"{label} {stamp - last:.1f}")
+        last = stamp
+    return ", ".join(out) + f" (done at {last - begin:.1f} s)"
 
 
 def _torch_name(f: int, m: int) -> str:
@@ -335,8 +358,10 @@ def _result(j, t, meshes, world, walls) -> Result:
                     f"{c['all-gather']['count']:10d}  {other:5d}  {sum(v['bytes'] for v in c.values()):11,}  "
                     f"{r['arguments'] + r['temps']:16,}  {r['plan']['total']:9,}  "
                     f"{(r['arguments'] + r['temps']) / r['plan']['total']:.2f}")
-    timing = ("wall seconds from the spawn: " + ", ".join(f"{k} {v:.1f}" for k, v in walls.items()) + "; JAX compiles: "
-              + ", ".join(f"{n} {r['compile_seconds']:.1f}" for n, r in j["runs"].items()))
+    timing = (f"wall seconds, from the spawn (both sides run at once): torch processes: {walls['torch']}; JAX: "
+              f"{walls['JAX']}, of which compiles " + ", ".join(f"{n} {r['compile_seconds']:.1f}"
+                                                                for n, r in j["runs"].items())
+              + f"; the torch processes joined at {walls['joined']:.1f} s")
     j_out = "\n".join([f"GPT {CONFIG}, Adam lr {LR}, {STEPS} steps, batch {BATCH}; mesh (data, fsdp, model)", *rows,
                        "Megatron's count (TP 2, embedding replicated): " + ", ".join(
                            f"{n} layer(s): {c['all-reduce']['count']} all-reduces of {c['all-reduce']['bytes']:,} "
@@ -352,10 +377,13 @@ def _result(j, t, meshes, world, walls) -> Result:
              "gradients, Adam state and Korthikanti's activations. The state is exact (the checks); the temps are "
              "not a sum of live tensors: without remat JAX keeps about 2x the paper's activation list (the GELU's "
              "erf terms, the masked scores, LayerNorm's centred input), XLA fuses gradients into Adam's update on "
-             "one device, and XLA:CPU all-reduces then slices the FSDP gradients instead of a reduce-scatter. "
-             "Every DTensor piece used here runs on gloo (the Colwise/Rowwise hooks' all-reduce). Simulated CPU "
-             "devices share the host's cores: the timings are no speed comparison. The FSDP x TP mesh adds the "
-             "FSDP all-gathers (and on XLA:CPU all-to-alls for resharding the split embedding's gradient).")
+             "one device, and on the fsdp axis XLA's partitioner all-gathers the whole batch's activations as well "
+             "as the weights at these sizes (8 sequences on each device where the planner counts 4). Every DTensor "
+             "piece used here runs on gloo: the Colwise/Rowwise hooks' all-reduce, and fully_shard's all-gather and "
+             "reduce-scatter over the dp sub-mesh of a 2-D mesh. Simulated CPU devices share the host's cores and "
+             "the JAX child compiles without LLVM's optimisations: the timings are no speed comparison. The FSDP x "
+             "TP mesh adds the FSDP all-gathers (and on XLA:CPU all-to-alls for resharding the split embedding's "
+             "gradient).")
     return Result(
         name="tensor_parallel", title=TITLE,
         torch=Side(source(tp_worker), t_out, steady_seconds=t["TP 2"]["seconds"]),
