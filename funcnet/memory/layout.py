@@ -18,7 +18,7 @@ params, gradients, a master copy, optimizer state and activations, with
   into a second buffer of the same size, so they are held twice at the reduction. torch's
   DDP copies them into its buckets (``gradient_as_bucket_view=False``, the default); XLA
   combines the gradient all-reduces into one whose inputs (every gradient, live at once) and
-  outputs are separate buffers (measured on CPU: ``python -m benchmarks.layout_memory``).
+  outputs are separate buffers (measured on CPU: ``python benchmarks/layout_memory.py``).
   ``Layout(reduce_in_place=True)`` drops it (DDP's ``gradient_as_bucket_view=True``). FSDP
   alone (``dp == 1``) has no such copy in the plan: each layer's whole gradient is
   reduce-scattered into its shard and freed, one layer at a time.
