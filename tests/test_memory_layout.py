@@ -92,3 +92,20 @@ def test_cli_prints_a_layout_and_whether_it_fits(capsys):
     with pytest.raises(SystemExit):
         memory_command.main(["--params", "7B", "--tp", "2"])
     assert "need --transformer" in capsys.readouterr().err
+
+
+def test_xla_holds_every_gradient_twice_at_a_data_axis_all_reduce():
+    # the premise of reduce_buffer, measured: benchmarks/layout_memory.py's GPT on a (2, 1, 1) mesh
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "layout_memory.py"
+    spec = importlib.util.spec_from_file_location("layout_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (row,) = bench.measure([(2, 1, 1)])
+    plan = row["plan"]
+    assert row["arguments"] == pytest.approx(plan["params"] + plan["optimizer"], abs=512)  # step, key, count
+    assert row["all-reduce"]["bytes"] >= plan["grads"]  # all the gradients reduced (in one combined all-reduce)
+    assert row["temps"] >= plan["grads"] + plan["reduce_buffer"]  # operands and results both live
+    assert abs((row["arguments"] + row["temps"]) / plan["total"] - 1) <= 0.10
