@@ -13,9 +13,16 @@ def test_tensor_parallel_comparison_passes():
     result = tensor_parallel.run(Options(), meshes={"TP 2": (1, 1, 2)})
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]
     names = [c.name for c in result.checks]
-    assert "losses per step: JAX TP 2 == torch parallelize_module (2 processes)" in names
-    assert any(n.startswith("TP 2, 2 layer(s), embedding replicated: all-reduces") for n in names)
-    torch_line = next(c for c in result.checks if c.name.startswith("final params: JAX TP 2 == torch"))
+    assert (
+        "losses per step: JAX TP 2 == torch parallelize_module (2 processes)" in names
+    )
+    assert any(
+        n.startswith("TP 2, 2 layer(s), embedding replicated: all-reduces")
+        for n in names
+    )
+    torch_line = next(
+        c for c in result.checks if c.name.startswith("final params: JAX TP 2 == torch")
+    )
     assert "max |diff|" in torch_line.detail
 
 
@@ -24,8 +31,10 @@ def test_tp4_and_fsdp_x_tp_match_torch_in_4_processes():
     result = tensor_parallel.run(Options())
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]
     names = [c.name for c in result.checks]
-    for torch_side in ("JAX TP 4 == torch parallelize_module (4 processes)",
-                       "JAX FSDP 2 x TP 2 == torch fully_shard x parallelize_module (2 x 2 processes)"):
+    for torch_side in (
+        "JAX TP 4 == torch parallelize_module (4 processes)",
+        "JAX FSDP 2 x TP 2 == torch fully_shard x parallelize_module (2 x 2 processes)",
+    ):
         assert f"losses per step: {torch_side}" in names
     assert "final params: JAX FSDP 2 x TP 2 == torch DTensor (full_tensor)" in names
 
