@@ -26,7 +26,7 @@ from funcnet import gpt, text
 from funcnet.gpt import GPTConfig
 from comparisons._core import (Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, progress,
                                source, timed)
-from comparisons.torch_gpt import MLP, Block, CausalSelfAttention, TorchGPT
+from comparisons._torch_gpt import MLP, Block, CausalSelfAttention, TorchGPT
 
 __all__ = ["TITLE", "run", "TorchGPT", "torch_optimizer", "CONFIG"]
 
@@ -39,7 +39,7 @@ OPT = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps
 
 
 # ----------------------------------------------------------------------------- torch (nanoGPT)
-# the modules: comparisons/torch_gpt.py (torch alone: the parallel comparisons' workers import it without JAX)
+# the modules: comparisons/_torch_gpt.py (torch alone: the parallel comparisons' workers import it without JAX)
 
 
 def torch_optimizer(model, learning_rate, weight_decay, betas, warmup_steps, decay_steps, min_lr):

@@ -66,7 +66,7 @@ def tp_worker(rank, world, rendezvous, workdir, runs):
         parallelize_module,
     )
 
-    from comparisons.torch_gpt import TorchGPT  # torch alone: no JAX in these processes
+    from comparisons._torch_gpt import TorchGPT  # torch alone: no JAX in these processes
 
     torch.set_num_threads(1)
     marks.append(("imports", time.time()))
@@ -246,7 +246,7 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
     import torch.multiprocessing as mp
 
     import funcnet
-    from comparisons.torch_gpt import TorchGPT
+    from comparisons._torch_gpt import TorchGPT
     from funcnet import gpt
 
     if opts.dtype != "float32":
