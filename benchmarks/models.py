@@ -142,9 +142,10 @@ def gpt_spec(quick):
 
     return Spec("gpt", x, y, 16, ours, theirs, params, {}, gpt.configure_optimizers(**opt, grad_clip=1.0),
                 torch_opt, torch_loss, 5e-4,
-                "float32 over one epoch (128 steps) of AdamW at lr 1e-3: summation order; measured on the full data: "
-                "torch.compile 6.0e-5 from torch eager, the JAX rows 4.4e-5 to 8.6e-5 (float64 on both sides: "
-                "1.2e-12; at lr 3e-3 float32 drifts chaotically, 1.2e-3 to 2.6e-3, torch.compile's included)",
+                "float32 over one epoch (128 steps) of AdamW at lr 1e-3: summation order; measured on the full data "
+                "(two runs, one --single-thread): torch.compile 4.7e-5 to 6.0e-5 from torch eager, the JAX rows "
+                "4.4e-5 to 1.3e-4 (float64 on both sides: 1.2e-12; at lr 3e-3 float32 drifts chaotically, 1.2e-3 "
+                "to 2.6e-3, torch.compile's included)",
                 ours_config=config)
 
 
