@@ -11,6 +11,7 @@ run saved with ``--json`` (terminal, ``--report``, ``--html``) without running a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -22,6 +23,7 @@ import traceback
 from pathlib import Path
 
 import comparisons
+from comparisons import _core
 from comparisons._core import Check, Options, Result, Side, fmt_seconds
 from comparisons._terminal import print_result, print_summary  # noqa: F401 (the runner's terminal view)
 
@@ -53,6 +55,23 @@ def run_one(name: str, opts: Options) -> Result:
         tb = traceback.format_exc()
         return Result(name, name, Side("", ""), Side("", ""),
                       [Check("comparison ran", False, tb.strip().splitlines()[-1])], notes=tb)
+
+
+@contextlib.contextmanager
+def _progress_bar(console, label: str):
+    """One transient line while a comparison runs: ``[k/N] running NAME``, the stage it
+    reports through ``_core.progress`` with a bar of its items done, and the time elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(f"{label} ...", total=None)
+
+        def show(description: str, done: int, total: int | None) -> None:
+            bar.update(task, description=f"{label}: {description}", completed=done, total=total)
+
+        with _core.showing_progress(show):
+            yield
 
 
 def _fmt_seconds(seconds: float | None) -> str:
@@ -178,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = Options(dtype="float64" if args.float64 else "float32")
         selected = args.names or (FLOAT64_DEFAULT if args.float64 else names)
         for k, name in enumerate(selected, 1):
-            with console.status(f"[{k}/{len(selected)}] running {name} ..."):
+            with _progress_bar(console, f"[{k}/{len(selected)}] running {name}"):
                 result = run_one(name, opts)
             print_result(console, result, show_source=not args.no_source, position=f"{k}/{len(selected)}")
             results.append(result)

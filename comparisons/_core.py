@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["Options", "Check", "Side", "Result", "Seconds", "TOL", "close", "equal", "expect", "raises", "timed",
-           "source", "require_x64", "dtypes", "run_sections", "fmt_seconds"]
+           "source", "require_x64", "dtypes", "run_sections", "fmt_seconds", "progress", "showing_progress"]
 
 # torch.testing.assert_close defaults for float32 (rtol 1.3e-6, atol 1e-5); in float64
 # both frameworks run the same IEEE operations in (possibly) different orders, so
@@ -387,6 +387,36 @@ def run_sections(fns, args, *, steady: bool = True):
         text.append(f"# {fn.__name__.split('_', 1)[1]}\n{buf.getvalue().rstrip()}")
         seconds += s
     return results, "\n".join(text), seconds
+
+
+# ----------------------------------------------------------------------------- progress
+_progress_shown: Callable[[str, int, int | None], None] | None = None
+
+
+def progress(items, description: str, *, total: int | None = None):
+    """Iterate over ``items`` (configurations, steps) while the runner shows ``description``
+    and a bar of the items done; outside the runner (a test, ``run()`` called by hand)
+    nothing is shown. ``total`` defaults to ``len(items)``."""
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)
+    show = _progress_shown
+    if show is not None:
+        show(description, 0, total)
+    for done, item in enumerate(items, 1):
+        yield item
+        if show is not None:
+            show(description, done, total)
+
+
+@contextlib.contextmanager
+def showing_progress(show: Callable[[str, int, int | None], None]):
+    """Inside, ``progress`` reports to ``show(description, done, total)`` (the runner's bar)."""
+    global _progress_shown
+    before, _progress_shown = _progress_shown, show
+    try:
+        yield
+    finally:
+        _progress_shown = before
 
 
 @contextlib.contextmanager

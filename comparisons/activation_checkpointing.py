@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import funcnet
-from comparisons._core import Options, Result, Side, close, dtypes, expect, source, timed
+from comparisons._core import Options, Result, Side, close, dtypes, expect, progress, source, timed
 from comparisons.gpt import TorchGPT
 from funcnet import gpt, losses, memory
 
@@ -121,20 +121,23 @@ def run(opts: Options = Options(), *, config: gpt.GPTConfig = CONFIG, batch: int
 
     def jax_side():
         out = {}
-        for remat in (None, "paper", "selective", "full"):
+        for remat in progress((None, "paper", "selective", "full"), "JAX: value_and_grad under each remat policy"):
             net_j = gpt.GPT(CONFIG, dtype=jdtype, remat=remat)
             grad = jax.jit(jax.value_and_grad(lambda p, x, y, net_j=net_j: losses.cross_entropy(net_j.apply(p, x), y)))
-            (loss, g) = grad(params, x_j, y_j)
-            out[f"GPT(remat={remat!r})"] = (float(loss), funcnet.state_dict(g), memory.measure(grad, params, x_j, y_j))
+            compiled = grad.lower(params, x_j, y_j).compile()  # run and measured: one compile
+            (loss, g) = compiled(params, x_j, y_j)
+            out[f"GPT(remat={remat!r})"] = (float(loss), funcnet.state_dict(g), memory.measure(compiled))
         loop = jax.jit(jax.value_and_grad(loop_remat_loss(CONFIG, jax.checkpoint_policies.nothing_saveable)))
-        out["remat in a Python loop"] = (None, None, memory.measure(loop, params, x_j, y_j))
+        out["remat in a Python loop"] = (None, None, memory.measure(loop, params, x_j, y_j))  # measured only
         # per layer: the slope of XLA's temps from 2 to 4 blocks, the blocks' params passed stacked
         per_layer = {r: gpt.measure_activations(CONFIG, BATCH, r, dtype=jdtype)["per_layer"]
-                     for r in (None, "paper", "selective", "full")}
+                     for r in progress((None, "paper", "selective", "full"), "JAX: bytes per layer (2 and 4 blocks)")}
         return out, per_layer
 
     t, t_sec = timed(torch_side)
-    (j, per_layer), j_sec = timed(jax_side)
+    # steady=False: every call of jax_side builds and compiles its programs anew, so a second
+    # call would pay the whole compile again to time a steady state that is not this side's point
+    (j, per_layer), j_sec = timed(jax_side, steady=False)
     L, h, a, s, b, V = CONFIG.n_layer, CONFIG.n_embd, CONFIG.n_head, CONFIG.block_size, BATCH, CONFIG.vocab_size
     p = jnp.dtype(jdtype).itemsize
     est = {r: memory.transformer_activations(L, h, a, s, b, vocab=V, bytes_per_value=p, recompute=r, dropout=False,

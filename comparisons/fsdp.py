@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, source
+from comparisons._core import Options, Result, Side, close, equal, expect, progress, source
 
 __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 
@@ -106,20 +106,22 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
     abstract = jax.eval_shape(lambda: train.create_train_state(model, tx, jax.random.key(0), params=params))
     batch = (jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype), jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
     out, zero3 = {"runs": {}, "memory": {}}, {}
-    for zero in zeros:  # per-device memory, compiled only
-        for n in devices:
-            step = fsdp.make_fsdp_step(model, tx, mesh=fsdp.mesh(n), state=abstract, zero=zero)
-            compiled = step.lower(abstract, batch).compile()
-            if zero == 3:
-                zero3[n] = (step, compiled)  # the training runs below reuse it: no second compile
-            stats = compiled.memory_analysis()
-            sharded = jax.tree.map(lambda a, s: memory.tree_bytes(a) // s.mesh.devices.size
-                                   if s.spec else memory.tree_bytes(a), abstract, step.shardings)
-            out["memory"][f"{zero}/{n}"] = {
-                "arguments": int(stats.argument_size_in_bytes), "temps": int(stats.temp_size_in_bytes),
-                "expected_arguments": sum(jax.tree.leaves(sharded)) + memory.tree_bytes(batch) // n,
-                "collectives": fsdp.collectives(compiled)}
-    for n in devices:  # ZeRO-3 training runs: the same losses and params on every device count
+    layouts = [(zero, n) for zero in zeros for n in devices]
+    for zero, n in progress(layouts, "JAX: compiling each ZeRO level on each device count"):  # memory, compiled only
+        step = fsdp.make_fsdp_step(model, tx, mesh=fsdp.mesh(n), state=abstract, zero=zero)
+        lowered = step.lower(abstract, batch)  # ZeRO-3 also runs below; the others are only read
+        compiled = lowered.compile() if zero == 3 else memory.compile_to_read(lowered)
+        if zero == 3:
+            zero3[n] = (step, compiled)  # the training runs below reuse it: no second compile
+        stats = compiled.memory_analysis()
+        sharded = jax.tree.map(lambda a, s: memory.tree_bytes(a) // s.mesh.devices.size
+                               if s.spec else memory.tree_bytes(a), abstract, step.shardings)
+        out["memory"][f"{zero}/{n}"] = {
+            "arguments": int(stats.argument_size_in_bytes), "temps": int(stats.temp_size_in_bytes),
+            "expected_arguments": sum(jax.tree.leaves(sharded)) + memory.tree_bytes(batch) // n,
+            "collectives": fsdp.collectives(compiled)}
+    # ZeRO-3 training runs: the same losses and params on every device count
+    for n in progress(devices, "JAX: ZeRO-3 training runs per device count"):
         if n not in zero3:
             step = fsdp.make_fsdp_step(model, tx, mesh=fsdp.mesh(n), state=abstract, zero=3)
             zero3[n] = (step, step.lower(abstract, batch).compile())

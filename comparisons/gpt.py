@@ -20,12 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn as tnn
 
 import funcnet
 from funcnet import gpt, text
 from funcnet.gpt import GPTConfig
-from comparisons._core import Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, source, timed
+from comparisons._core import (Options, Result, Side, close, dtypes, equal, expect, one_torch_thread, progress,
+                               source, timed)
+from comparisons.torch_gpt import MLP, Block, CausalSelfAttention, TorchGPT
 
 __all__ = ["TITLE", "run", "TorchGPT", "torch_optimizer", "CONFIG"]
 
@@ -38,91 +39,7 @@ OPT = dict(learning_rate=1e-3, weight_decay=0.1, betas=(0.9, 0.95), warmup_steps
 
 
 # ----------------------------------------------------------------------------- torch (nanoGPT)
-class CausalSelfAttention(tnn.Module):
-    def __init__(self, config):
-        super().__init__()
-        assert config.n_embd % config.n_head == 0
-        self.c_attn = tnn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v for all heads
-        self.c_proj = tnn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = tnn.Dropout(config.dropout)
-        self.resid_dropout = tnn.Dropout(config.dropout)
-        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None,
-                                           dropout_p=self.dropout if self.training else 0, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class MLP(tnn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.c_fc = tnn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = tnn.GELU()
-        self.c_proj = tnn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
-        self.dropout = tnn.Dropout(config.dropout)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
-class Block(tnn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.ln_1 = tnn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config)
-        self.ln_2 = tnn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
-        return x
-
-
-class TorchGPT(tnn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.config = config
-        self.transformer = tnn.ModuleDict(dict(
-            wte=tnn.Embedding(config.vocab_size, config.n_embd),
-            wpe=tnn.Embedding(config.block_size, config.n_embd),
-            drop=tnn.Dropout(config.dropout),
-            h=tnn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=tnn.LayerNorm(config.n_embd, bias=config.bias),
-        ))
-        self.lm_head = tnn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
-        self.apply(self._init_weights)
-        for pn, p in self.named_parameters():  # scaled init of the residual projections (GPT-2)
-            if pn.endswith("c_proj.weight"):
-                torch.nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
-
-    def _init_weights(self, module):
-        if isinstance(module, tnn.Linear):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        elif isinstance(module, tnn.Embedding):
-            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    def forward(self, idx):
-        b, t = idx.size()
-        assert t <= self.config.block_size
-        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
-        tok_emb = self.transformer.wte(idx)
-        pos_emb = self.transformer.wpe(pos)
-        x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
-        return self.lm_head(x)  # logits at every position, as funcnet's
+# the modules: comparisons/torch_gpt.py (torch alone: the parallel comparisons' workers import it without JAX)
 
 
 def torch_optimizer(model, learning_rate, weight_decay, betas, warmup_steps, decay_steps, min_lr):
@@ -222,7 +139,8 @@ def _run(opts: Options, steps: int) -> Result:
     opt_args = {k: v for k, v in OPT.items() if k != "grad_clip"}
     optimizer, scheduler = torch_optimizer(net, **opt_args)
     batches = [(torch.from_numpy(x).long(), torch.from_numpy(y).long()) for x, y in zip(xb, yb)]
-    (t_losses, t_lrs, t_norms), t_sec = timed(torch_train, net, optimizer, scheduler, batches, OPT["grad_clip"])
+    (t_losses, t_lrs, t_norms), t_sec = timed(torch_train, net, optimizer, scheduler,
+                                              progress(batches, "torch: training steps"), OPT["grad_clip"])
 
     tx = gpt.configure_optimizers(**OPT)
     train = funcnet_trainer(model, tx)

@@ -136,6 +136,7 @@ def collectives(compiled_or_text) -> dict[str, int]:
     """How many of each collective the compiled HLO holds (``-start`` forms counted once):
     ``{"all-gather": .., "reduce-scatter": .., "all-reduce": .., ...}``."""
     text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+    text = re.sub(r"/\*index=\d+\*/", "", text)  # a long tuple's type holds these; their '=' ends no result
     counts = {}
     for op in _OPS:
         counts[op] = len(re.findall(rf"= [^=\n]*? {op}(?:-start)?\(", text))

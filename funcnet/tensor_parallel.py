@@ -221,6 +221,7 @@ def collective_stats(compiled_or_text) -> dict[str, dict[str, int]]:
     """Each collective in the compiled HLO: ``{op: {"count": n, "bytes": result bytes summed}}``
     (``-start`` forms counted once; a combined (tuple) collective counts once, its bytes all)."""
     text = compiled_or_text if isinstance(compiled_or_text, str) else compiled_or_text.as_text()
+    text = re.sub(r"/\*index=\d+\*/", "", text)  # a long tuple's type holds these; their '=' ends no result
     out = {}
     for op in _OPS:
         count = nbytes = 0

@@ -32,3 +32,19 @@ def test_quick_run_writes_its_figures(name, args, tmp_path):
     assert timed and all(r.get("error") is None for r in timed)
     if name != "data_loading":
         assert result["goals"] and all(isinstance(g["met"], bool) for g in result["goals"])
+
+
+def test_loaded_runs_counts_every_run_and_fails_on_one_failure(tmp_path, capsys):
+    import sys
+
+    loaded = _script("loaded_runs")
+    out = tmp_path / "runs.json"
+    assert loaded.main(["--runs", "2", "--busy", "1", "--json", str(out), "--", sys.executable, "-c", "pass"]) == 0
+    assert [r["status"] for r in json.loads(out.read_text())["runs"]] == [0, 0]
+    flaky = "import os, sys; n = len(os.listdir(sys.argv[1])); open(f'{sys.argv[1]}/{n}', 'w'); sys.exit(3 * (n == 1))"
+    (tmp_path / "marks").mkdir()
+    status = loaded.main(["--runs", "3", "--busy", "0", "--json", str(out), "--",
+                          sys.executable, "-c", flaky, str(tmp_path / "marks")])
+    assert status == 1
+    assert [r["status"] for r in json.loads(out.read_text())["runs"]] == [0, 3, 0]
+    assert "2/3 runs passed" in capsys.readouterr().out

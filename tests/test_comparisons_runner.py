@@ -120,3 +120,27 @@ def test_relative_error_is_reported_only_where_the_reference_is_clear_of_zero():
     assert check.ok and "max rel 1.00e-07" in check.detail, check.detail
     check = close("all near zero", [1e-9], [0.0], rtol=1e-6, atol=1e-5)
     assert check.ok and "max rel n/a" in check.detail
+
+
+def test_progress_reaches_the_runners_bar_and_is_silent_without_it():
+    import io
+
+    from rich.console import Console
+
+    from comparisons import _core
+
+    assert list(_core.progress(range(3), "steps")) == [0, 1, 2]  # no runner: nothing shown, items unchanged
+    seen = []
+    with _core.showing_progress(lambda *a: seen.append(a)):
+        list(_core.progress(["a", "b"], "configurations"))
+        list(_core.progress(iter("xyz"), "a generator", total=None))
+    assert seen == [("configurations", 0, 2), ("configurations", 1, 2), ("configurations", 2, 2),
+                    ("a generator", 0, None), ("a generator", 1, None), ("a generator", 2, None),
+                    ("a generator", 3, None)]
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    with runner._progress_bar(console, "[1/1] running fake"):
+        for _ in _core.progress(range(4), "training steps"):
+            pass
+    shown = out.getvalue()
+    assert "[1/1] running fake: training steps" in shown and "4/4" in shown

@@ -48,6 +48,18 @@ def test_fsdp_and_tp_split_the_matrices_and_the_state():
     assert one.optimizer == 8 * memory.transformer_params(32, 4096, 32000, 2048)
 
 
+def test_a_data_axis_holds_the_gradients_twice_at_their_all_reduce_unless_in_place():
+    # DDP's buckets / XLA's combined all-reduce: one more copy of each device's gradient shard, only with dp > 1
+    for dp, fsdp, tp in [(8, 1, 1), (2, 2, 2), (4, 1, 2)]:
+        p = ml.plan(SEVEN_B, ml.Layout(dp, fsdp, tp, precision="bf16"))
+        assert p.reduce_buffer == p.grads > 0
+        assert p.total == p.params + p.grads + p.reduce_buffer + p.master + p.optimizer + p.activations
+        in_place = ml.plan(SEVEN_B, ml.Layout(dp, fsdp, tp, precision="bf16", reduce_in_place=True))
+        assert in_place.reduce_buffer == 0 and in_place.total == p.total - p.grads
+    for fsdp, tp in [(8, 1), (4, 2), (1, 8)]:  # no data axis: FSDP reduce-scatters layer by layer, TP reduces none
+        assert ml.plan(SEVEN_B, ml.Layout(1, fsdp, tp, precision="bf16")).reduce_buffer == 0
+
+
 def test_the_7b_does_not_fit_replicated_on_80gb_and_the_smallest_fitting_layout():
     assert ml.plan(SEVEN_B, ml.Layout(dp=8, precision="bf16"), device_memory=80 * 10**9).fits is False
     best = ml.smallest_fitting(8, SEVEN_B, 80 * 10**9)
@@ -80,3 +92,20 @@ def test_cli_prints_a_layout_and_whether_it_fits(capsys):
     with pytest.raises(SystemExit):
         memory_command.main(["--params", "7B", "--tp", "2"])
     assert "need --transformer" in capsys.readouterr().err
+
+
+def test_xla_holds_every_gradient_twice_at_a_data_axis_all_reduce():
+    # the premise of reduce_buffer, measured: benchmarks/layout_memory.py's GPT on a (2, 1, 1) mesh
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "layout_memory.py"
+    spec = importlib.util.spec_from_file_location("layout_memory", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (row,) = bench.measure([(2, 1, 1)])
+    plan = row["plan"]
+    assert row["arguments"] == pytest.approx(plan["params"] + plan["optimizer"], abs=512)  # step, key, count
+    assert row["all-reduce"]["bytes"] >= plan["grads"]  # all the gradients reduced (in one combined all-reduce)
+    assert row["temps"] >= plan["grads"] + plan["reduce_buffer"]  # operands and results both live
+    assert abs((row["arguments"] + row["temps"]) / plan["total"] - 1) <= 0.10

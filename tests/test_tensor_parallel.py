@@ -116,6 +116,15 @@ def test_mlp_shard_map_with_explicit_psum_equals_the_mlp():
     assert tp.collective_stats(hlo)["all-reduce"]["count"] == 1  # the psum, nothing else
 
 
+def test_collective_stats_counts_a_combined_all_reduce_whose_tuple_type_has_index_comments():
+    # XLA prints a tuple of more than 5 arrays with /*index=5*/ comments (a data axis's combined gradient all-reduce)
+    hlo = ("  %all-reduce.32 = (f32[384]{0}, f32[384,128]{1,0}, f32[128]{0}, f32[128,128]{1,0}, f32[128]{0}, "
+           "/*index=5*/f32[128]{0}, f32[]) all-reduce(%a, %b, %c, %d, %e, %f, %g), channel_id=2, "
+           "to_apply=%add\n  %all-reduce = s32[] all-reduce(%h), channel_id=1, to_apply=%add.1\n")
+    floats = 384 + 384 * 128 + 128 + 128 * 128 + 128 + 128 + 1
+    assert tp.collective_stats(hlo)["all-reduce"] == {"count": 2, "bytes": 4 * floats + 4}
+
+
 def test_bad_layouts_are_refused_with_the_fix():
     m = tp.mesh(1, 1, 2)
     with pytest.raises(ValueError, match="qkv_groups=2"):

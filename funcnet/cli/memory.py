@@ -102,15 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay.add_argument("--fsdp", type=int, default=1, help="FSDP / ZeRO-3 devices (default 1)")
     lay.add_argument("--tp", type=int, default=1, help="tensor-parallel devices, Megatron's split (default 1)")
     lay.add_argument("--sp", action="store_true", help="sequence parallelism in the LayerNorm/dropout regions")
+    lay.add_argument("--reduce-in-place", action="store_true",
+                     help="the data-parallel all-reduce writes into the gradients (torch DDP's "
+                          "gradient_as_bucket_view=True): no second copy of them")
     lay.add_argument("--device-memory", help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits")
     lay.add_argument("--layouts", type=int, metavar="N",
                      help="list every dp x fsdp x tp layout of N devices (tp <= 8) and the smallest that fits")
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     if any(v is not None for v in (args.device_memory, args.layouts)) or (args.dp, args.fsdp, args.tp) != (1, 1, 1) \
-            or args.sp:
+            or args.sp or args.reduce_in_place:
         try:
             if not args.transformer:
-                raise ValueError("--dp/--fsdp/--tp/--sp/--device-memory/--layouts need --transformer and its shapes")
+                raise ValueError("--dp/--fsdp/--tp/--sp/--reduce-in-place/--device-memory/--layouts need "
+                                 "--transformer and its shapes")
             from funcnet.cli.memory_layout import print_layout
             return print_layout(args)
         except (ValueError, TypeError) as e:

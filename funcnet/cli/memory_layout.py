@@ -33,8 +33,9 @@ def _row(plan, memory) -> list[str]:
     gb = lambda v: f"{v / 1e9:,.2f}"
     fits = "-" if plan.fits is None else ("yes" if plan.fits else "no")
     lay = plan.layout
-    return [str(lay.dp), str(lay.fsdp), str(lay.tp), "yes" if lay.sp else "-", lay.remat, gb(plan.params), gb(plan.grads), gb(plan.master), gb(plan.optimizer),
-            gb(plan.activations), gb(plan.total), fits]
+    return [str(lay.dp), str(lay.fsdp), str(lay.tp), "yes" if lay.sp else "-", lay.remat, gb(plan.params),
+            gb(plan.grads), gb(plan.reduce_buffer), gb(plan.master), gb(plan.optimizer), gb(plan.activations),
+            gb(plan.total), fits]
 
 
 def print_layout(args) -> int:
@@ -43,12 +44,14 @@ def print_layout(args) -> int:
 
     shape = _shape(args)
     memory = None if args.device_memory is None else parse_bytes(args.device_memory)
-    common = {"precision": args.precision, "optimizer": args.optimizer}
+    common = {"precision": args.precision, "optimizer": args.optimizer,
+              "reduce_in_place": getattr(args, "reduce_in_place", False)}
     title = (f"per device (GB): {shape.n_layer} layers, hidden {shape.n_embd}, {shape.n_head} heads, vocab "
              f"{shape.vocab_size}, seq {shape.block_size}, global batch {shape.batch}, {args.optimizer}, "
              f"{args.precision}" + ("" if memory is None else f", {memory / 1e9:g} GB per device"))
     table = Table(title=title)
-    for c in ("dp", "fsdp", "tp", "sp", "remat", "params", "grads", "master", "optimizer", "activations", "total", "fits"):
+    for c in ("dp", "fsdp", "tp", "sp", "remat", "params", "grads", "reduce buffer", "master", "optimizer",
+              "activations", "total", "fits"):
         table.add_column(c, justify="left" if c == "remat" else "right")
     console = Console()
     if args.layouts:

@@ -26,6 +26,7 @@ from funcnet.memory.estimate import (
 from funcnet.memory.layout import Layout, Plan, Shape, plan
 from funcnet.memory.measure import (
                                      Measured,
+                                     compile_to_read,
                                      estimate_tree,
                                      format_table,
                                      measure,
@@ -40,5 +41,5 @@ from funcnet.memory.transformer import (
 __all__ = [
     "Estimate", "Measured", "OPTIMIZER_SLOTS", "PRECISIONS", "parse_count", "dtype_bytes", "tree_bytes",
     "mlp_params", "mlp_activations", "transformer_params", "transformer_activations", "RECOMPUTE",
-    "estimate", "estimate_tree", "measure", "format_table", "Shape", "Layout", "Plan", "plan",
+    "estimate", "estimate_tree", "measure", "compile_to_read", "format_table", "Shape", "Layout", "Plan", "plan",
 ]  # fmt: skip

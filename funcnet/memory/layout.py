@@ -12,7 +12,16 @@ params, gradients, a master copy, optimizer state and activations, with
   at p = 2 bytes: ``sbh (10 + 24/t + 5as/(ht))`` with dropout, of which the LayerNorm
   inputs, the qkv and MLP inputs and the residual dropout masks (``sbh (4p + 2)``) stay
   whole on every tp device unless ``sp`` (sequence parallelism) splits them too, giving
-  ``sbh (34 + 5as/h) / t``; ``remat`` as ``memory.transformer_activations``'s ``recompute``.
+  ``sbh (34 + 5as/h) / t``; ``remat`` as ``memory.transformer_activations``'s ``recompute``;
+- the gradient reduction buffer (``reduce_buffer``): with a data axis (``dp > 1``) each
+  device's gradients (its fsdp x tp shard of them) are all-reduced over the data replicas
+  into a second buffer of the same size, so they are held twice at the reduction. torch's
+  DDP copies them into its buckets (``gradient_as_bucket_view=False``, the default); XLA
+  combines the gradient all-reduces into one whose inputs (every gradient, live at once) and
+  outputs are separate buffers (measured on CPU: ``python benchmarks/layout_memory.py``).
+  ``Layout(reduce_in_place=True)`` drops it (DDP's ``gradient_as_bucket_view=True``). FSDP
+  alone (``dp == 1``) has no such copy in the plan: each layer's whole gradient is
+  reduce-scattered into its shard and freed, one layer at a time.
 
 ``fits``: whether the total is within ``device_memory`` bytes. ``layouts(n)`` lists the
 (dp, fsdp, tp) that multiply to n; ``smallest_fitting`` picks the one with the least model
@@ -53,6 +62,7 @@ class Layout(NamedTuple):
     remat: str = "none"
     precision: str = "fp32"
     optimizer: str = "adam"
+    reduce_in_place: bool = False  # True: the dp all-reduce writes into the gradients (no reduce_buffer)
 
     @property
     def devices(self) -> int:
@@ -64,13 +74,15 @@ class Layout(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """Bytes on each device; ``fits`` is None without a device memory."""
+    """Bytes on each device (``reduce_buffer``: the second copy of the gradients at the data-parallel
+    all-reduce, module docstring); ``fits`` is None without a device memory."""
 
     params: int
     grads: int
     master: int
     optimizer: int
     activations: int
+    reduce_buffer: int
     total: int
     fits: bool | None
     layout: Layout
@@ -139,6 +151,7 @@ def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None =
     parts = {"params": n * pb, "grads": n * pb, "master": n * master_b,
                  "optimizer": n * OPTIMIZER_SLOTS[layout.optimizer] * state_b,
                  "activations": _activations(shape, layout, act_b)}
+    parts["reduce_buffer"] = parts["grads"] if layout.dp > 1 and not layout.reduce_in_place else 0
     parts = {k: round(v) for k, v in parts.items()}
     total = sum(parts.values())
     fits = None if device_memory is None else total <= device_memory
@@ -146,7 +159,7 @@ def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None =
 
 
 def layouts(n_devices: int, shape: Shape, *, max_tp: int = 8, remats=REMAT, sp=(False,), precision="bf16",
-            optimizer="adam") -> list[Layout]:
+            optimizer="adam", reduce_in_place: bool = False) -> list[Layout]:
     """Every ``Layout`` of ``n_devices`` (dp x fsdp x tp == n, tp within ``max_tp``, one node's
     GPUs, and dividing the heads) for each remat and sp choice, skipping those the batch
     cannot split over."""
@@ -159,7 +172,7 @@ def layouts(n_devices: int, shape: Shape, *, max_tp: int = 8, remats=REMAT, sp=(
                 continue
             for remat in remats:
                 for s in sp if tp > 1 else (False,):
-                    out.append(Layout(dp, fsdp, tp, s, remat, precision, optimizer))
+                    out.append(Layout(dp, fsdp, tp, s, remat, precision, optimizer, reduce_in_place))
     return out
 
 

@@ -18,8 +18,9 @@ class Measured(NamedTuple):
     ``total = arguments + outputs + temps - aliased``: every buffer the executable
     needs at once, where an output written into a donated argument's buffer
     (``aliased``) is counted once. A tuple result's ``outputs`` include XLA's table
-    of pointers to its elements (8 bytes each). ``code`` (generated code size) is
-    not in ``total``.
+    of pointers to its elements (8 bytes each). ``code`` (generated code size; of code
+    built without LLVM's optimizations where ``measure`` compiled it, see
+    ``compile_to_read``) is not in ``total``.
     """
 
     arguments: int
@@ -61,8 +62,25 @@ def estimate_tree(params: Any, tx: Any, *, activations: int = 0) -> Estimate:
     return Estimate(params=p, grads=p, master=0, optimizer=opt, activations=act, total=2 * p + opt + act)
 
 
+def compile_to_read(lowered):
+    """Compile ``lowered`` (``jax.jit(f).lower(...)``) to read what XLA made of it (memory
+    analysis, optimized HLO, collectives), not to run it.
+
+    On CPU the machine code is generated without LLVM's optimizations
+    (``xla_backend_optimization_level=0``): XLA's HLO passes and buffer assignment, all
+    that a reader sees, come before code generation and are the same
+    (``tests/test_memory.py`` checks both against a default compile), and the compile takes
+    about half the time. The executable runs correctly, only slower; call it once at
+    most. Other backends compile as ``lowered.compile()`` does.
+    """
+    if jax.default_backend() == "cpu":
+        return lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
+    return lowered.compile()
+
+
 def measure(fn: Callable, *args, **kwargs) -> Measured:
-    """XLA's compiled memory analysis of ``fn(*args, **kwargs)``; nothing is executed.
+    """XLA's compiled memory analysis of ``fn(*args, **kwargs)``; nothing is executed
+    (compiled by ``compile_to_read``).
 
     ``fn``: a plain function (jitted here) or a ``jax.jit`` result, which keeps its
     options: pass ``jax.jit(step, donate_argnums=(0, 1))`` to count donation, the
@@ -75,7 +93,7 @@ def measure(fn: Callable, *args, **kwargs) -> Measured:
             raise TypeError("measure(compiled) takes no arguments: the executable was compiled for its own")
         compiled = fn
     else:
-        compiled = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args, **kwargs).compile()
+        compiled = compile_to_read((fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args, **kwargs))
     stats = compiled.memory_analysis()
     if stats is None:
         raise RuntimeError(f"this backend ({jax.default_backend()}) gives no memory analysis for compiled code")
