@@ -23,6 +23,10 @@ torch's names as numpy arrays, for the check against torch. BatchNorm's running
 statistics are compared for raw JAX only: flax keeps the biased batch variance and
 equinox a debiased moving average, neither torch's form (the training math is the same).
 
+The LSTM LM: torch's LSTM has two biases per layer (``b_ih``, ``b_hh``), flax's and equinox's
+cells one; both are kept as parameters here (flax: a bias on the cell's input Linear; equinox:
+a second leaf added to the cell's bias), so every peer trains torch's parameters.
+
 Adding a model: one ``<model>_<peer>(spec)`` function per peer and an entry in ``PEERS``.
 """
 
@@ -490,9 +494,200 @@ def gpt_equinox(spec) -> Peer:
     return Peer((params, tx.init(params)), _gpt_step(_gpt_loss(forward), tx), values)
 
 
+# --------------------------------------------------------------------------------------- LSTM
+def _lstm_sizes(spec):
+    rnn = spec.params["rnn"]
+    layers = sum(1 for k in rnn if k.startswith("weight_ih_l"))
+    return layers, rnn["weight_hh_l0"].shape[1]
+
+
+def _lstm_gates(lin, c):
+    """torch's LSTM cell after its two matmuls: gates i, f, g, o; new (h, c)."""
+    i, f, g, o = jnp.split(lin, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def _lstm_step(forward, tx):
+    """The step of a language model whose ``forward(params, x)`` gives logits ``(B, T, vocab)``."""
+
+    def loss_fn(params, x, y):
+        logits = forward(params, x)
+        return _xent(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), logits
+
+    def step(carry, batch):
+        params, opt_state = carry
+        x, y = batch
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), _metrics(logits, y, loss)
+
+    return step
+
+
+def lstm_raw(spec) -> Peer:
+    """The LSTM by hand: one ``lax.scan`` over time whose body steps every layer (each layer's
+    input projection inside the loop, as torch's ``LSTMCell``), the tied decoder after it."""
+    layers, hidden = _lstm_sizes(spec)
+
+    def forward(p, idx):
+        rnn = p["rnn"]
+        emb = p["encoder"]["weight"][idx.T]  # (T, B, E), time first for the scan
+        zeros = jnp.zeros((idx.shape[0], hidden), emb.dtype)
+
+        def body(carry, x):
+            new = []
+            for k, (h, c) in enumerate(carry):
+                lin = (x @ rnn[f"weight_ih_l{k}"].T + rnn[f"bias_ih_l{k}"]
+                       + h @ rnn[f"weight_hh_l{k}"].T + rnn[f"bias_hh_l{k}"])
+                x, c = _lstm_gates(lin, c)
+                new.append((x, c))
+            return new, x
+
+        _, out = jax.lax.scan(body, [(zeros, zeros)] * layers, emb)
+        logits = out @ p["encoder"]["weight"].T + p["decoder"]["bias"]  # the tied decoder
+        return logits.swapaxes(0, 1)
+
+    # funcnet's params dict as plain arrays (its tied decoder weight holds no array)
+    params = _copy({"encoder": spec.params["encoder"], "rnn": spec.params["rnn"],
+                    "decoder": {"bias": spec.params["decoder"]["bias"]}})
+
+    def values(carry):
+        p = carry[0]
+        out = {"encoder.weight": _np(p["encoder"]["weight"]), "decoder.weight": _np(p["encoder"]["weight"]),
+               "decoder.bias": _np(p["decoder"]["bias"])}
+        return out | {f"rnn.{k}": _np(v) for k, v in p["rnn"].items()}
+
+    tx = spec.tx
+    return Peer((params, tx.init(params)), _lstm_step(forward, tx), values)
+
+
+def lstm_flax(spec) -> Peer:
+    """flax's ``nnx.OptimizedLSTMCell`` (gates i, f, g, o as torch's, one matmul per input) under
+    ``nnx.RNN``, one per layer. flax's cell has one bias, on its hidden-state Linear; torch has
+    two (``b_ih`` and ``b_hh``), each trained, so the input Linear gets a bias too: the same
+    parameters and updates as torch's."""
+    from flax import nnx
+
+    layers, hidden = _lstm_sizes(spec)
+    vocab, emb = spec.params["encoder"]["weight"].shape
+
+    class LSTMLM(nnx.Module):
+        def __init__(self, rngs):
+            self.encoder = nnx.Embed(vocab, emb, rngs=rngs)
+            self.layers = nnx.List([])
+            for k in range(layers):
+                cell = nnx.OptimizedLSTMCell(emb if k == 0 else hidden, hidden, rngs=rngs)
+                cell.dense_i = nnx.Linear(cell.in_features, 4 * hidden, use_bias=True, rngs=rngs)  # torch's b_ih
+                self.layers.append(nnx.RNN(cell, rngs=False))
+            self.bias = nnx.Param(jnp.zeros((vocab,)))  # the decoder's; its weight is the encoder's
+
+        def __call__(self, idx):  # (B, T), batch first as nnx.RNN's default
+            x = self.encoder(idx)
+            zeros = jnp.zeros((idx.shape[0], hidden), x.dtype)
+            for layer in self.layers:
+                x = layer(x, initial_carry=(zeros, zeros))  # (c, h), as torch's init_hidden
+            return self.encoder.attend(x) + self.bias[...]
+
+    model = LSTMLM(nnx.Rngs(0))
+    p = spec.params
+    model.encoder.embedding[...] = p["encoder"]["weight"]
+    model.bias[...] = p["decoder"]["bias"]
+    for k, layer in enumerate(model.layers):
+        cell, rnn = layer.cell, p["rnn"]
+        cell.dense_i.kernel[...] = rnn[f"weight_ih_l{k}"].T
+        cell.dense_i.bias[...] = rnn[f"bias_ih_l{k}"]
+        cell.dense_h.kernel[...] = rnn[f"weight_hh_l{k}"].T
+        cell.dense_h.bias[...] = rnn[f"bias_hh_l{k}"]
+    graphdef, params = nnx.split(model, nnx.Param)
+    params = _copy(params)  # the step donates them; spec's arrays stay for the other rows
+
+    def forward(params, idx):
+        return nnx.merge(graphdef, params, copy=True)(idx)
+
+    def values(carry):
+        m = nnx.merge(graphdef, carry[0])
+        out = {"encoder.weight": _np(m.encoder.embedding[...]), "decoder.weight": _np(m.encoder.embedding[...]),
+               "decoder.bias": _np(m.bias[...])}
+        for k, layer in enumerate(m.layers):
+            cell = layer.cell
+            out |= {f"rnn.weight_ih_l{k}": _np(cell.dense_i.kernel[...]).T,
+                    f"rnn.bias_ih_l{k}": _np(cell.dense_i.bias[...]),
+                    f"rnn.weight_hh_l{k}": _np(cell.dense_h.kernel[...]).T,
+                    f"rnn.bias_hh_l{k}": _np(cell.dense_h.bias[...])}
+        return out
+
+    tx = spec.tx
+    return Peer((params, tx.init(params)), _lstm_step(forward, tx), values)
+
+
+def lstm_equinox(spec) -> Peer:
+    """``eqx.nn.LSTMCell`` per layer under ``jax.lax.scan``, one sequence at a time (``jax.vmap``
+    over the batch), equinox's idiom. Its cell has one bias; torch's two (``b_ih``, ``b_hh``)
+    are two leaves here, summed into the cell's bias (``eqx.tree_at``) before the scan."""
+    import equinox as eqx
+
+    layers, hidden = _lstm_sizes(spec)
+    vocab, emb = spec.params["encoder"]["weight"].shape
+
+    class LSTMLM(eqx.Module):
+        encoder: eqx.nn.Embedding
+        cells: list
+        bias_ih: list
+        bias: jax.Array  # the decoder's; its weight is the encoder's
+
+        def __init__(self, key):
+            k = jax.random.split(key, 1 + layers)
+            self.encoder = eqx.nn.Embedding(vocab, emb, key=k[0])
+            self.cells = [eqx.nn.LSTMCell(emb if i == 0 else hidden, hidden, key=k[1 + i]) for i in range(layers)]
+            self.bias_ih = [jnp.zeros((4 * hidden,)) for _ in range(layers)]
+            self.bias = jnp.zeros((vocab,))
+
+        def __call__(self, idx):  # one sequence, (T,)
+            x = jax.vmap(self.encoder)(idx)
+            for cell, b_ih in zip(self.cells, self.bias_ih):
+                cell = eqx.tree_at(lambda c: c.bias, cell, cell.bias + b_ih)
+
+                def body(carry, x_t, cell=cell):
+                    carry = cell(x_t, carry)
+                    return carry, carry[0]
+
+                zeros = jnp.zeros((hidden,), x.dtype)
+                _, x = jax.lax.scan(body, (zeros, zeros), x)
+            return x @ self.encoder.weight.T + self.bias  # the tied decoder
+
+    rnn = spec.params["rnn"]
+    model = LSTMLM(jax.random.key(0))
+    def layer_leaves(k):
+        return {f"rnn.weight_ih_l{k}": lambda m: m.cells[k].weight_ih,
+                f"rnn.weight_hh_l{k}": lambda m: m.cells[k].weight_hh,
+                f"rnn.bias_hh_l{k}": lambda m: m.cells[k].bias, f"rnn.bias_ih_l{k}": lambda m: m.bias_ih[k]}
+
+    leaves = {"encoder.weight": lambda m: m.encoder.weight, "decoder.bias": lambda m: m.bias}
+    for k in range(layers):
+        leaves |= layer_leaves(k)
+    sd = {"encoder.weight": spec.params["encoder"]["weight"], "decoder.bias": spec.params["decoder"]["bias"]}
+    sd |= {f"rnn.{k}": v for k, v in rnn.items()}
+    names = list(leaves)
+    model = eqx.tree_at(lambda m: [leaves[n](m) for n in names], model, [jnp.array(sd[n]) for n in names])
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+
+    def forward(params, idx):
+        return jax.vmap(eqx.combine(params, static))(idx)
+
+    def values(carry):
+        out = {n: _np(get(carry[0])) for n, get in leaves.items()}
+        out["decoder.weight"] = out["encoder.weight"]
+        return out
+
+    tx = spec.tx
+    return Peer((params, tx.init(params)), _lstm_step(forward, tx), values)
+
+
 PEERS = {
     "convnet": {"raw JAX": convnet_raw, "flax nnx": convnet_flax, "equinox": convnet_equinox},
     "gpt": {"raw JAX": gpt_raw, "flax nnx": gpt_flax, "equinox": gpt_equinox},
+    "lstm": {"raw JAX": lstm_raw, "flax nnx": lstm_flax, "equinox": lstm_equinox},
 }
 
 

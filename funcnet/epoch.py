@@ -178,11 +178,17 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
     x, y = jnp.asarray(x), jnp.asarray(y)
     if scan and not _slow_in_loops(step.raw, state, *_batch_spec(x, y, batch_size)):
         return _scan_epoch(step.raw, state, x, y, batch_size)
+    # make_step's step checks each batch's labels on the host, which waits for the batch: every
+    # label checked here at once instead (before the key is used), the first batch through all
+    # the step's checks, the others straight to its compiled program, so dispatch runs ahead
+    check = getattr(step, "check_labels", None)
+    if check is not None:
+        check(state, x, y)
     key, perm_key = jax.random.split(state.key)
     state = state._replace(key=key)
     history = []
-    for xb, yb in _data.batches(perm_key, x, y, batch_size):
-        state, metrics = step(state, (xb, yb))
+    for i, (xb, yb) in enumerate(_data.batches(perm_key, x, y, batch_size)):
+        state, metrics = (step.jitted if check is not None and i else step)(state, (xb, yb))
         history.append(metrics)
     return state, jax.tree.map(lambda *m: jnp.stack(m), *history)
 

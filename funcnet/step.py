@@ -95,6 +95,9 @@ def _unshared(tree):
 
 def _check_unshared(state) -> None:
     """Name the leaves that are one array twice: XLA's "donate the same buffer twice" names none."""
+    arrays = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
+    if len({id(a) for a in arrays}) == len(arrays):  # the common case, checked per step: no paths built
+        return
     where: dict = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
@@ -373,7 +376,13 @@ def make_step(
                 _check_labels(out, y, "step: the labels")
         return jitted(state, batch)
 
-    compiled.raw, compiled.lower, compiled.jitted = step, jitted.lower, jitted
+    def check_labels(state, x, y, where="run_epoch"):
+        """All of a data set's labels checked once, on the host, before a loop of ``jitted``
+        steps: the per-call check above reads each batch's labels back, one sync per step."""
+        if axis_name is None:
+            _check_label_range(model, state.params, state.model_state, {"train": (x, y)}, where)
+
+    compiled.raw, compiled.lower, compiled.jitted, compiled.check_labels = step, jitted.lower, jitted, check_labels
     return compiled
 
 

@@ -21,7 +21,7 @@ def _script(name):
 @pytest.mark.parametrize("name, args", [
     ("throughput", ["--impls", "torch eager", "funcnet make_step", "funcnet run_epoch"]),
     ("models", ["--models", "convnet", "--impls", "torch eager", "flax nnx", "funcnet run_epoch"]),
-    ("models", ["--models", "lstm", "--impls", "torch eager", "torch LSTMCell loop", "funcnet run_epoch"]),
+    ("models", ["--models", "lstm", "--impls", "torch eager", "torch LSTMCell loop", "equinox", "funcnet run_epoch"]),
     ("data_loading", []),
 ])
 def test_quick_run_writes_its_figures(name, args, tmp_path):

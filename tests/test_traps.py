@@ -142,6 +142,18 @@ def test_out_of_range_labels_are_refused_by_the_step_and_evaluate():
     state, _ = step(state, (x, y % 4))  # in range: trains
 
 
+def test_run_epoch_loop_checks_all_labels_before_its_steps():
+    # run_epoch's Python loop reads the labels once (the per-call check would wait for each batch)
+    model, tx = nn.MLP([3, 4]), optax.sgd(0.1)
+    x, y = np.ones((8, 3), np.float32), np.array([0, 1, 2, 3, 0, 1, 2, 7], np.int32)
+    step = funcnet.make_step(model, tx)
+    state = funcnet.create_train_state(model, tx, jax.random.key(1))
+    with pytest.raises(ValueError, match=r"run_epoch: train labels range over \[0, 7\] but the model has 4 outputs"):
+        funcnet.run_epoch(step, state, x, y, batch_size=2, scan=False)
+    state, metrics = funcnet.run_epoch(step, state, x, y % 4, batch_size=2, scan=False)
+    assert metrics["loss"].shape == (4,) and int(state.step) == 4
+
+
 def test_long_epochs_show_a_step_count(monkeypatch):
     # issue 19: a GPT epoch sat on "epoch 0/2" for minutes; fit now counts the steps inside it
     from funcnet import train as train_module
