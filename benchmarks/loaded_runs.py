@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import subprocess
 import sys
@@ -23,11 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [sys.executable, "-m", "comparisons", "data_parallel", "fsdp", "--no-source"]
-
-
-def _spin(stop):
-    while not stop.is_set():
-        sum(range(10_000))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or args.busy < 0:
         parser.error(f"--runs must be >= 1 and --busy >= 0, got {args.runs} and {args.busy}")
     command = args.command or DEFAULT
-    stop = mp.Event()
-    spinners = [mp.Process(target=_spin, args=(stop,), daemon=True) for _ in range(args.busy)]
-    for p in spinners:
-        p.start()
+    # separate interpreters spinning (no fork of this process, whose caller may run JAX's threads)
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     runs = []
     try:
         print(f"{args.runs} runs of: {' '.join(command)}; {args.busy} busy processes on {os.cpu_count()} cores",
@@ -63,11 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             for line in run.get("tail", []):
                 print("    " + line)
     finally:
-        stop.set()
         for p in spinners:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+            p.kill()
+            p.wait()
     passed = sum(r["status"] == 0 for r in runs)
     print(f"{passed}/{len(runs)} runs passed")
     if args.json:
