@@ -19,6 +19,10 @@ Inside a scan's backward loop the recomputation can only run when its iteration 
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,19 +123,35 @@ def run(opts: Options = Options(), *, config: gpt.GPTConfig = CONFIG, batch: int
             out[ckpt] = (loss.item(), nbytes, {n: p.grad.detach().clone() for n, p in net.named_parameters()})
         return out
 
+    remats = (None, "paper", "selective", "full")
+
     def jax_side():
-        out = {}
-        for remat in progress((None, "paper", "selective", "full"), "JAX: value_and_grad under each remat policy"):
+        def remat_grad(remat):
             net_j = gpt.GPT(CONFIG, dtype=jdtype, remat=remat)
-            grad = jax.jit(jax.value_and_grad(lambda p, x, y, net_j=net_j: losses.cross_entropy(net_j.apply(p, x), y)))
+            grad = jax.jit(jax.value_and_grad(lambda p, x, y: losses.cross_entropy(net_j.apply(p, x), y)))
             compiled = grad.lower(params, x_j, y_j).compile()  # run and measured: one compile
             (loss, g) = compiled(params, x_j, y_j)
-            out[f"GPT(remat={remat!r})"] = (float(loss), funcnet.state_dict(g), memory.measure(compiled))
-        loop = jax.jit(jax.value_and_grad(loop_remat_loss(CONFIG, jax.checkpoint_policies.nothing_saveable)))
-        out["remat in a Python loop"] = (None, None, memory.measure(loop, params, x_j, y_j))  # measured only
-        # per layer: the slope of XLA's temps from 2 to 4 blocks, the blocks' params passed stacked
-        per_layer = {r: gpt.measure_activations(CONFIG, BATCH, r, dtype=jdtype)["per_layer"]
-                     for r in progress((None, "paper", "selective", "full"), "JAX: bytes per layer (2 and 4 blocks)")}
+            return float(loss), funcnet.state_dict(g), memory.measure(compiled)
+
+        def loop_memory():  # measured only
+            loop = jax.jit(jax.value_and_grad(loop_remat_loss(CONFIG, jax.checkpoint_policies.nothing_saveable)))
+            return None, None, memory.measure(loop, params, x_j, y_j)
+
+        def per_layer_bytes(remat):  # the slope of XLA's temps from 2 to 4 blocks, the blocks' params stacked
+            return gpt.measure_activations(CONFIG, BATCH, remat, dtype=jdtype)["per_layer"]
+
+        jobs = {**{f"GPT(remat={r!r})": functools.partial(remat_grad, r) for r in remats},
+                "remat in a Python loop": loop_memory,
+                **{("per layer", r): functools.partial(per_layer_bytes, r) for r in remats}}
+        # nine independent programs; XLA's compile releases the GIL, so they compile side by side
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = {name: pool.submit(job) for name, job in jobs.items()}
+            for _ in progress(as_completed(futures.values()), "JAX: compiling each remat policy's programs",
+                              total=len(futures)):
+                pass
+        done = {name: f.result() for name, f in futures.items()}
+        out = {k: v for k, v in done.items() if not isinstance(k, tuple)}
+        per_layer = {r: done[("per layer", r)] for r in remats}
         return out, per_layer
 
     t, t_sec = timed(torch_side)
