@@ -25,6 +25,7 @@ folder so that later runs with the same jax do not write entries that would be r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -88,6 +89,23 @@ def enable(path: str | os.PathLike | None = None, *, min_compile_seconds: float 
     _reset()
     _watch_rejections(path)
     return path
+
+
+@contextlib.contextmanager
+def paused():
+    """Inside, every compile is a compile: the persistent cache is neither read nor written
+    (restored on exit). For code that measures how long XLA takes to compile: a warm cache
+    answers in milliseconds whatever the program, and the measurement would say nothing."""
+    import jax
+
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    _reset()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        _reset()
 
 
 def _reset() -> None:

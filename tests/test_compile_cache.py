@@ -83,3 +83,18 @@ def test_rejected_entries_are_said_once_and_turn_the_cache_off(restore, tmp_path
     assert err.count("rejects its own entries") == 1 and "38445" in err
     assert jax.config.jax_enable_compilation_cache is False
     assert compile_cache.enable(folder) is None  # later runs with this jax leave it off
+
+
+def test_paused_compiles_without_reading_or_writing_then_resumes(restore, tmp_path):
+    folder = compile_cache.enable(tmp_path / "cache", min_compile_seconds=0)
+    _compile(4.5)
+    written = set(folder.iterdir())
+    restore.clear()
+    with compile_cache.paused():
+        _compile(4.5)  # in the cache, but a measurement of compile time must compile
+        _compile(5.75)  # new: nothing written
+    assert "/jax/compilation_cache/cache_hits" not in restore
+    assert set(folder.iterdir()) == written
+    restore.clear()
+    _compile(4.5)
+    assert "/jax/compilation_cache/cache_hits" in restore  # on again after the block
