@@ -14,6 +14,7 @@
 """
 
 import os
+import signal
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
@@ -23,6 +24,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_debug_key_reuse", True)
+
+# A shell starts a background job (``.ci/run &``, ``nohup``) with SIGINT ignored, and every
+# process it starts inherits that: the tests that press Ctrl-C on a training command would
+# see it ignored (the run went on to its last epoch and exited 0). Python's own handler is
+# reset to the default by exec, so children start as from a terminal.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 import pytest  # noqa: E402
