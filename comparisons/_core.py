@@ -22,7 +22,8 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["Options", "Check", "Side", "Result", "Seconds", "TOL", "close", "equal", "expect", "raises", "timed",
-           "source", "require_x64", "dtypes", "run_sections", "fmt_seconds", "progress", "showing_progress"]
+           "source", "require_x64", "dtypes", "run_sections", "fmt_seconds", "progress", "showing_progress",
+           "torch_processes"]
 
 # torch.testing.assert_close defaults for float32 (rtol 1.3e-6, atol 1e-5); in float64
 # both frameworks run the same IEEE operations in (possibly) different orders, so
@@ -431,3 +432,29 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- torch processes
+# what every torch worker of the parallel comparisons imports: loaded once, in the fork server
+_WORKER_IMPORTS = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+                   "torch.nn.parallel", "comparisons._torch_gpt"]
+
+
+def torch_processes(worker: Callable[..., Any], args: tuple, nprocs: int):
+    """``torch.multiprocessing`` processes running ``worker(rank, *args)``, not joined (the
+    caller joins the returned context while its JAX side runs).
+
+    Started from a fork server that imported torch and torch.distributed once: a spawned
+    process imports them again (about 3.5 CPU-s each, 7 s of wall to start 4 on 2 cores),
+    a process forked from the server starts in milliseconds, and the server serves every
+    comparison of the run. The server holds no JAX and runs no torch op before it forks, so
+    the fork copies no threads. Where fork servers do not exist (Windows), processes are
+    spawned."""
+    import multiprocessing
+
+    import torch.multiprocessing as mp
+
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        multiprocessing.set_forkserver_preload(_WORKER_IMPORTS)  # read when the server starts: the first call
+    return mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method=method)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, source
+from comparisons._core import Options, Result, Side, close, equal, expect, source, torch_processes
 
 # JAX and funcnet are imported inside the JAX functions: the DDP worker processes import
 # this module to find ddp_worker, and start faster with torch alone.
@@ -49,6 +49,8 @@ FORMS = ("pmap", "shard_map", "sharding", "single")
 
 # ----------------------------------------------------------------------------- torch
 def ddp_worker(rank, world, rendezvous, workdir, dtype):
+    import gc
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -87,6 +89,11 @@ def ddp_worker(rank, world, rendezvous, workdir, dtype):
         torch.save({"state_dict": model.state_dict(), "losses": losses, "buckets": buckets,
                     "seconds": seconds}, f"{workdir}/ddp.pt")
     dist.barrier()  # neither rank tears its gloo connections down while the other may still use them
+    # DDP's reducer holds the process group. Destroyed from the reducer, the group joins gloo's threads with the GIL
+    # held while one of them may wait for the GIL to free a tensor: a deadlock (pytorch/pytorch#56297), 1 exit in 30
+    # here. Freed first, the reducer leaves the group to destroy_process_group, which drops the GIL while it waits.
+    del ddp
+    gc.collect()
     dist.destroy_process_group()
 
 
@@ -168,7 +175,6 @@ def _child_main(workdir: str) -> None:
 def run(opts: Options = Options()) -> Result:
     import jax
     import torch
-    import torch.multiprocessing as mp
 
     import funcnet
     from funcnet import data, nn, parallel
@@ -186,8 +192,7 @@ def run(opts: Options = Options()) -> Result:
         workdir = Path(tmp)
         torch.save(to_torch(init), workdir / "init.pt")
         torch.save((torch.from_numpy(xs), torch.from_numpy(ys)), workdir / "batches.pt")
-        ddp = mp.spawn(ddp_worker, args=(WORLD, str(workdir / "rendezvous"), str(workdir), opts.dtype),
-                       nprocs=WORLD, join=False)
+        ddp = torch_processes(ddp_worker, (WORLD, str(workdir / "rendezvous"), str(workdir), opts.dtype), WORLD)
 
         # the one JAX-side weight that perturb shifts: every later step depends on it
         bias = init["2"]["bias"].copy()
