@@ -59,10 +59,11 @@ def jax_buffers(model, params, state, xs, ys):
     import funcnet
     from funcnet import train
 
-    out, state_1 = model.apply(params, xs[0], state=state, train=True)  # state in, new state out
+    apply = jax.jit(model.apply, static_argnames="train")  # one compiled program, not one per op
+    out, state_1 = apply(params, xs[0], state=state, train=True)  # state in, new state out
     print(f"the state passed in is unchanged: {bool((state['1']['running_mean'] == 0).all())}")
     loss = lambda p: funcnet.losses.cross_entropy(model.apply(p, xs[0], state=state, train=True)[0], ys[0])  # noqa: E731
-    grads = jax.grad(loss)(params)  # params only: buffers are not an argument of the gradient
+    grads = jax.jit(jax.grad(loss))(params)  # params only: buffers are not an argument of the gradient
     tx = optax.chain(optax.add_decayed_weights(0.1), optax.sgd(LR, momentum=0.9))  # torch SGD's weight_decay
     step = train.make_step(model, tx)
     # copies: the step donates (consumes) the state it is given
@@ -70,7 +71,7 @@ def jax_buffers(model, params, state, xs, ys):
                                   model_state=jax.tree.map(jax.numpy.copy, state_1))  # continue as torch does
     for x, y in zip(xs, ys):  # TrainState.model_state carries the buffers from step to step
         ts, _ = step(ts, (x, y))
-    out_eval, state_eval = model.apply(ts.params, xs[0], state=ts.model_state, train=False)
+    out_eval, state_eval = apply(ts.params, xs[0], state=ts.model_state, train=False)
     print(f"state leaves: {len(jax.tree.leaves(ts.model_state))}, optimizer sees "
           f"{len(jax.tree.leaves(ts.params))} param arrays")
     return {"out": out, "state_1": state_1, "grads": funcnet.state_dict(grads), "ts": ts, "out_eval": out_eval,

@@ -24,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, progress, source
+from comparisons._core import Options, Result, Side, close, equal, expect, progress, source, torch_processes
 
 __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 
@@ -47,21 +48,22 @@ CONFIG = dict(block_size=16, vocab_size=64, n_layer=2, n_head=4, n_embd=64, drop
 
 # ----------------------------------------------------------------------------- torch
 def fsdp_worker(rank, world, rendezvous, workdir):
+    import types
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from comparisons.gpt import TorchGPT
-    from funcnet.gpt import GPTConfig
+    from comparisons._torch_gpt import TorchGPT  # torch alone: no JAX in these processes
 
     torch.set_num_threads(1)
     # a file in the run's own folder, not a TCP port picked free and then bound by rank 0: no other
     # process on the machine can take it in between
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
-    model = TorchGPT(GPTConfig(**CONFIG))
+    model = TorchGPT(types.SimpleNamespace(bias=True, **CONFIG))  # GPTConfig's fields
     model.load_state_dict(torch.load(f"{workdir}/init.pt"))  # the same weights in every process
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)  # each block: one all-gather before it runs, one reduce-scatter after
@@ -105,12 +107,22 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
     model, tx = gpt.GPT(gpt.GPTConfig(**CONFIG)), optax.adam(LR)
     abstract = jax.eval_shape(lambda: train.create_train_state(model, tx, jax.random.key(0), params=params))
     batch = (jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype), jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
-    out, zero3 = {"runs": {}, "memory": {}}, {}
-    layouts = [(zero, n) for zero in zeros for n in devices]
-    for zero, n in progress(layouts, "JAX: compiling each ZeRO level on each device count"):  # memory, compiled only
+    out = {"runs": {}, "memory": {}}
+
+    def compile_layout(zero, n):
         step = fsdp.make_fsdp_step(model, tx, mesh=fsdp.mesh(n), state=abstract, zero=zero)
         lowered = step.lower(abstract, batch)  # ZeRO-3 also runs below; the others are only read
-        compiled = lowered.compile() if zero == 3 else memory.compile_to_read(lowered)
+        return step, (lowered.compile() if zero == 3 else memory.compile_to_read(lowered))
+
+    # twelve independent programs; XLA's compile releases the GIL, so they compile side by side
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {(zero, n): pool.submit(compile_layout, zero, n) for zero in zeros for n in devices}
+        for _ in progress(as_completed(futures.values()), "JAX: compiling each ZeRO level on each device count",
+                          total=len(futures)):
+            pass
+    zero3 = {}
+    for (zero, n), future in futures.items():  # memory, compiled only
+        step, compiled = future.result()
         if zero == 3:
             zero3[n] = (step, compiled)  # the training runs below reuse it: no second compile
         stats = compiled.memory_analysis()
@@ -142,7 +154,11 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
 
 
 def _jax_in_child(workdir: Path) -> dict:
-    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(DEVICES)}"
+    # LLVM's optimisation of the CPU kernels off (as memory.compile_to_read compiles): the same HLO, buffers and
+    # collectives, which the checks read, in about half the compile time; the 4 steps run slower, and simulated
+    # devices time nothing anyway
+    flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(DEVICES)}"
+             " --xla_backend_optimization_level=0")
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
     done = subprocess.run([sys.executable, "-m", "comparisons.fsdp", str(workdir)], env=env,
                           capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
@@ -182,7 +198,6 @@ def run(opts: Options = Options(), *, devices: tuple = DEVICES, zeros: tuple = (
     """devices/zeros: fewer device counts and ZeRO levels for a quicker run (the tests)."""
     import jax
     import torch
-    import torch.multiprocessing as mp
 
     import funcnet
     from comparisons.gpt import TorchGPT
@@ -205,7 +220,7 @@ def run(opts: Options = Options(), *, devices: tuple = DEVICES, zeros: tuple = (
         workdir = Path(tmp)
         torch.save(sd, workdir / "init.pt")
         torch.save((torch.from_numpy(xs).long(), torch.from_numpy(ys).long()), workdir / "batches.pt")
-        ctx = mp.spawn(fsdp_worker, args=(WORLD, str(workdir / "rendezvous"), str(workdir)), nprocs=WORLD, join=False)
+        ctx = torch_processes(fsdp_worker, (WORLD, str(workdir / "rendezvous"), str(workdir)), WORLD)
         if jax.device_count() >= max(devices):
             j = jax_fsdp(init, xs, ys, devices, zeros)
         else:
@@ -285,11 +300,16 @@ def run(opts: Options = Options(), *, devices: tuple = DEVICES, zeros: tuple = (
              f"batch {BATCH // WORLD} per rank\n"
              f"loss: {t['losses'][0]:.6f} -> {t['losses'][-1]:.6f}\n"
              f"rank 0 holds {t['param_bytes']:,} bytes of params and {t['state_bytes']:,} of Adam state")
-    notes = ("XLA:CPU lowers the ZeRO-3 gradient reduction to one combined all-reduce followed by each device "
-             "slicing its shard (the HLO counts above); GPU and TPU backends rewrite that pair into a "
-             "reduce-scatter (XLA's ReduceScatterCreator), the collective torch FSDP2 calls. The state's bytes "
+    notes = ("XLA:CPU lowers the ZeRO-3 gradient reduction to one combined all-reduce (a tuple of every "
+             "gradient) followed by each device slicing its shard; GPU and TPU backends rewrite that pair into a "
+             "reduce-scatter (XLA's ReduceScatterCreator), the collective torch FSDP2 calls. Of ZeRO-3's other "
+             "all-reduces in the HLO counts above, one sums the loss's label count and four are activation-sized "
+             "(batch x sequence x embedding: 2 in the forward, 2 in the backward), where XLA's partitioner sums "
+             "partial matmuls over a weight split along its contracted dimension rather than gather the weight. "
+             "The state's bytes "
              "are exact (the check above); temps are activations and gradients, whose batch share also falls "
-             "with N. Simulated CPU devices share the host's cores: the timings are no speed comparison.")
+             "with N. Simulated CPU devices share the host's cores, and the JAX child compiles without LLVM's "
+             "optimisations: the timings are no speed comparison.")
     return Result(
         name="fsdp", title=TITLE,
         torch=Side(source(fsdp_worker), t_out, steady_seconds=t["seconds"]),

@@ -28,11 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, source
+from comparisons._core import Options, Result, Side, close, equal, expect, source, torch_processes
 from comparisons.fsdp import _flat
 
 __all__ = ["CONFIG", "MESHES", "TITLE", "run"]
@@ -142,15 +143,32 @@ def jax_tp(params, xs, ys, meshes=MESHES):
     shape = layout.Shape(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.block_size, BATCH)
     batch = (jax.ShapeDtypeStruct(xs.shape[1:], xs.dtype), jax.ShapeDtypeStruct(ys.shape[1:], ys.dtype))
     out = {"runs": {}, "marks": [("imports", time.time())]}
+    placed = {}  # name: (the model's mesh, its step, its state placed by the step's shardings)
     for name, (d, f, m) in {"one device": (1, 1, 1), **meshes}.items():
         model = gpt.GPT(cfg._replace(qkv_groups=m))
         fresh = tp.pack_qkv(jax.tree.map(np.asarray, params), m, cfg.n_head)  # in NumPy: no op compiled per mesh
         state = fstep.create_train_state(model, tx, jax.random.key(0), params=fresh)
         step = tp.make_tp_step(model, tx, mesh=tp.mesh(d, f, m), state=state, config=model_config(cfg, m))
-        state = jax.device_put(state, step.shardings)
+        placed[name] = ((d, f, m), step, jax.device_put(state, step.shardings))
+    # Megatron's count, alone: TP 2 with the embedding replicated (1 layer: tests/test_tensor_parallel.py)
+    megatron = cfg._replace(qkv_groups=2)
+    abstract = jax.eval_shape(lambda: fstep.create_train_state(gpt.GPT(megatron), tx, jax.random.key(0)))
+    megatron_step = tp.make_tp_step(gpt.GPT(megatron), tx, mesh=tp.mesh(1, 1, 2), state=abstract, vocab="replicate")
+
+    def compile_timed(step, state):
         begin = time.perf_counter()
         compiled = step.lower(state, batch).compile()
-        compile_seconds = time.perf_counter() - begin
+        return compiled, time.perf_counter() - begin
+
+    # six independent programs; XLA's compile releases the GIL, so they compile side by side
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {name: pool.submit(compile_timed, step, state) for name, (_, step, state) in placed.items()}
+        futures["Megatron's count"] = pool.submit(compile_timed, megatron_step, abstract)
+        done = {name: f.result() for name, f in futures.items()}
+    out["marks"].append(("compiles, side by side", time.time()))
+    out["megatron"] = {cfg.n_layer: tp.collective_stats(done.pop("Megatron's count")[0])}
+    for name, ((d, f, m), step, state) in placed.items():
+        compiled, compile_seconds = done[name]
         stats = compiled.memory_analysis()
         losses, start = [], time.perf_counter()
         for x, y in zip(xs, ys):
@@ -165,15 +183,6 @@ def jax_tp(params, xs, ys, meshes=MESHES):
             "params": funcnet.state_dict(tp.unpack_qkv(jax.tree.map(np.asarray, state.params), m, cfg.n_head)),
             "collectives": tp.collective_stats(compiled), "arguments": int(stats.argument_size_in_bytes),
             "temps": int(stats.temp_size_in_bytes), "plan": plan.as_dict()}
-    # Megatron's count, alone: TP 2 with the embedding replicated (1 layer: tests/test_tensor_parallel.py)
-    out["megatron"] = {}
-    for n_layer in (cfg.n_layer,):
-        c = cfg._replace(n_layer=n_layer, qkv_groups=2)
-        model = gpt.GPT(c)
-        abstract = jax.eval_shape(lambda: fstep.create_train_state(model, tx, jax.random.key(0)))  # noqa: B023
-        step = tp.make_tp_step(model, tx, mesh=tp.mesh(1, 1, 2), state=abstract, vocab="replicate")
-        out["megatron"][n_layer] = tp.collective_stats(step.lower(abstract, batch).compile())
-    out["marks"].append(("Megatron's count", time.time()))
     return out
 
 
@@ -243,7 +252,6 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
     """meshes: fewer meshes for a quicker run (the tests); "TP 2" must be among them."""
     import jax
     import torch
-    import torch.multiprocessing as mp
 
     import funcnet
     from comparisons._torch_gpt import TorchGPT
@@ -272,8 +280,7 @@ def run(opts: Options = Options(), *, meshes: dict = MESHES) -> Result:
                        workdir / f"init_packed_{tp}.pt")
         torch.save((torch.from_numpy(xs).long(), torch.from_numpy(ys).long()), workdir / "batches.pt")
         begin = time.time()
-        ctx = mp.spawn(tp_worker, args=(world, str(workdir / "rendezvous"), str(workdir), runs), nprocs=world,
-                       join=False)
+        ctx = torch_processes(tp_worker, (world, str(workdir / "rendezvous"), str(workdir), runs), world)
         if jax.device_count() >= n_devices:
             j = jax_tp(init, xs, ys, meshes)
         else:
@@ -359,8 +366,8 @@ def _result(j, t, meshes, world, walls) -> Result:
                     f"{r['arguments'] + r['temps']:16,}  {r['plan']['total']:9,}  "
                     f"{(r['arguments'] + r['temps']) / r['plan']['total']:.2f}")
     timing = (f"wall seconds, from the spawn (both sides run at once): torch processes: {walls['torch']}; JAX: "
-              f"{walls['JAX']}, of which compiles " + ", ".join(f"{n} {r['compile_seconds']:.1f}"
-                                                                for n, r in j["runs"].items())
+              f"{walls['JAX']}; each program's compile (side by side, one thread per core) "
+              + ", ".join(f"{n} {r['compile_seconds']:.1f}" for n, r in j["runs"].items())
               + f"; the torch processes joined at {walls['joined']:.1f} s")
     j_out = "\n".join([f"GPT {CONFIG}, Adam lr {LR}, {STEPS} steps, batch {BATCH}; mesh (data, fsdp, model)", *rows,
                        "Megatron's count (TP 2, embedding replicated): " + ", ".join(
