@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers  # noqa: E402  (benchmarks/peers.py)
 
 import funcnet  # noqa: E402
-from funcnet import data, epoch, models, profile, train  # noqa: E402
+from funcnet import data, epoch, losses, models, profile, train  # noqa: E402
 
 PEERS = ("raw JAX", "flax nnx", "equinox")
 LOOP = "torch LSTMCell loop"  # a torch row only the lstm spec has
@@ -85,7 +85,7 @@ class Spec:
     """One model: the data, both models from the same weights, both optimizers, the loss."""
 
     def __init__(self, name, x, y, batch, ours, theirs, params, model_state, tx, torch_opt, torch_loss, tol, why,
-                 ours_config=None, torch_rows=None):
+                 ours_config=None, torch_rows=None, ours_loss=losses.cross_entropy):
         self.__dict__.update(locals())
         del self.__dict__["self"]
 
@@ -212,7 +212,8 @@ def lstm_spec(quick):
                 "clip_by_global_norm, without torch's 1e-6, is 4e-3 off): a 1e-7 relative difference of a "
                 "gradient moves a weight by up to lr * 5e-7 a step, and the steps add up (4e-4 after 32 steps at lr 20 "
                 "measured)",
-                torch_rows={LOOP: lambda: TorchCellLoopLM(config)})
+                torch_rows={LOOP: lambda: TorchCellLoopLM(config)},
+                ours_loss=losses.nll_loss)  # the model gives log-probabilities, as torch's: its loss is NLL
 
 
 # A new model is one spec function here and its peers in benchmarks/peers.py (optional: a model
@@ -364,7 +365,7 @@ def _fresh_state(spec):
 
 
 def funcnet_impl(spec, *, scan):
-    step = train.make_step(spec.ours, spec.tx)
+    step = train.make_step(spec.ours, spec.tx, spec.ours_loss)
     holder = [_fresh_state(spec)]
     xs, ys = jnp.asarray(spec.x), jnp.asarray(spec.y)
     batch = _batch0(spec)

@@ -156,7 +156,7 @@ def _rnn_base(mode, where, input_size, hidden_size, num_layers, bias, batch_firs
     name = f"{where}({', '.join(opts)})"
     kind = where.split("(")[0]
 
-    def layer_params(params, layer):
+    def layer_params(params, layer, stack=True):
         per_dir = []
         for sfx in suffixes:
             p = {"w_ih": params[f"weight_ih_l{layer}{sfx}"], "w_hh": params[f"weight_hh_l{layer}{sfx}"]}
@@ -165,7 +165,7 @@ def _rnn_base(mode, where, input_size, hidden_size, num_layers, bias, batch_firs
             if proj_size:
                 p["w_hr"] = params[f"weight_hr_l{layer}{sfx}"]
             per_dir.append(p)
-        return jax.tree.map(lambda *a: jnp.stack(a), *per_dir)
+        return jax.tree.map(lambda *a: jnp.stack(a), *per_dir) if stack else per_dir[0]
 
     def apply(params, input, hx=None, /, *, lengths=None, key=None, train=False):
         check_params(params, expected, name)
@@ -198,12 +198,17 @@ def _rnn_base(mode, where, input_size, hidden_size, num_layers, bias, batch_firs
 
         out, h_n = x, []
         for layer in range(num_layers):
-            p = layer_params(params, layer)
-            xs = jnp.stack([out, reverse(out)][:D])  # (D, T, B, F)
-            gx = jax.vmap(lambda p, x: _project(mode, p, x))(p, xs)
             carry = tuple(c[layer * D:(layer + 1) * D] for c in carry0)
-            last, ys = jax.vmap(lambda p, g, c: _scan(mode, p, g, c, mask))(p, gx, carry)
-            out = jnp.concatenate([ys[0], reverse(ys[1])][:D], axis=-1)
+            if D == 1:  # one direction: no direction axis to stack and vmap over
+                p = layer_params(params, layer, stack=False)
+                last, out = _scan(mode, p, _project(mode, p, out), tuple(c[0] for c in carry), mask)
+                last = tuple(c[None] for c in last)
+            else:
+                p = layer_params(params, layer)
+                xs = jnp.stack([out, reverse(out)])  # (D, T, B, F)
+                gx = jax.vmap(lambda p, x: _project(mode, p, x))(p, xs)
+                last, ys = jax.vmap(lambda p, g, c: _scan(mode, p, g, c, mask))(p, gx, carry)
+                out = jnp.concatenate([ys[0], reverse(ys[1])], axis=-1)
             h_n.append(last)
             if train and dropout > 0 and layer < num_layers - 1:
                 key, sub = jax.random.split(key)
