@@ -13,3 +13,24 @@ def test_fsdp_comparison_passes_and_a_perturbed_weight_fails():
     assert "ZeRO-3 on 2 device(s): per-device argument bytes == each array's shard + batch/N" in names
     torch_line = next(c for c in result.checks if c.name.startswith("final params: JAX ZeRO-3 == torch"))
     assert "max |diff|" in torch_line.detail
+    _readme_table_matches(result)
+
+
+def _readme_table_matches(result):
+    """README's per-device memory table (arguments + temps) holds the bytes this run printed, for the
+    device counts and ZeRO levels it ran (the full table: python -m comparisons fsdp)."""
+    import re
+    from pathlib import Path
+
+    printed = {}
+    for line in result.jax.output.splitlines():
+        m = re.fullmatch(r"\s*(\d+)\s+(\d+)\s+([\d,]+)\s+([\d,]+)(?:\s+\d+){3}", line)
+        if m:
+            printed[int(m[1]), int(m[2])] = int(m[3].replace(",", "")) + int(m[4].replace(",", ""))
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("| devices | replicated (DDP) | ZeRO-1 | ZeRO-3 |", 1)[1]
+    rows = {int(m[1]): (int(m[2].replace(",", "")), int(m[4].replace(",", "")))
+            for m in re.finditer(r"^\| (\d+) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$", table.split("\n\n")[0], re.M)}
+    assert {(1, 0), (2, 0), (1, 3), (2, 3)} <= set(printed), printed
+    for n in (1, 2):
+        assert rows[n] == (printed[n, 0], printed[n, 3]), (n, rows[n], printed)
