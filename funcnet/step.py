@@ -32,7 +32,8 @@ class TrainState(NamedTuple):
     """Everything a training run carries from step to step (a pytree).
 
     params: the model's params; opt_state: the optax state; step: int32 scalar;
-    key: the PRNG key that dropout and shuffling draw from (split every use);
+    key: the PRNG key that dropout and shuffling draw from: ``run_epoch`` splits it for each
+    epoch's order, and a step draws dropout from a key of its own, ``fold_in(fold_in(key, 1), step)``;
     loss_scale: a precision loss-scale state, or None in full precision;
     model_state: the model's state (torch's buffers, e.g. BatchNorm's running statistics),
     ``{}`` for a model without state. Only ``params`` are differentiated and updated by
@@ -287,7 +288,10 @@ def make_step(
         _check_step_args(state, batch)
         x, y = batch
         _check_batch(x, y, accum_steps, axis)
-        key, dropout_key = jax.random.split(state.key)
+        # this step's own key, derived without changing the carried one: a model that draws no random
+        # numbers leaves it unused and XLA drops it, where a split of the carried key (XLA:CPU's threefry
+        # loop) ran every step. Folded under 1 first: train.fit's eval key is fold_in(key, 0x7E57).
+        dropout_key = jax.random.fold_in(jax.random.fold_in(state.key, 1), state.step)
         grad_params = state.params
         model_state = state.model_state
         if axis_name is not None:
@@ -342,7 +346,7 @@ def make_step(
             params, opt_state = jax.lax.cond(finite, update, lambda _: (state.params, state.opt_state), grads)
             values.update(loss_scale=loss_scale.loss_scale, grads_finite=finite)
             loss_scale = loss_scale.adjust(finite)
-        new_state = TrainState(params, opt_state, state.step + 1, key, loss_scale, model_state)
+        new_state = TrainState(params, opt_state, state.step + 1, state.key, loss_scale, model_state)
         return new_state, values
 
     donate_argnums = (0,) if donate else ()
