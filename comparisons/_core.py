@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import os
 import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -23,7 +25,7 @@ import numpy as np
 
 __all__ = ["Options", "Check", "Side", "Result", "Seconds", "TOL", "close", "equal", "expect", "raises", "timed",
            "source", "require_x64", "dtypes", "run_sections", "fmt_seconds", "progress", "showing_progress",
-           "torch_processes"]
+           "side_by_side", "torch_processes"]
 
 # torch.testing.assert_close defaults for float32 (rtol 1.3e-6, atol 1e-5); in float64
 # both frameworks run the same IEEE operations in (possibly) different orders, so
@@ -418,6 +420,17 @@ def showing_progress(show: Callable[[str, int, int | None], None]):
         yield
     finally:
         _progress_shown = before
+
+
+def side_by_side(jobs: dict, description: str) -> dict:
+    """``{name: job()}`` for independent jobs (``{name: callable}``), run one thread per core
+    while the runner shows ``description`` and a bar of the jobs done. For jobs that compile:
+    XLA's compile releases the GIL, so their programs compile side by side."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+        for _ in progress(as_completed(futures.values()), description, total=len(futures)):
+            pass
+    return {name: future.result() for name, future in futures.items()}
 
 
 @contextlib.contextmanager

@@ -20,8 +20,6 @@ Inside a scan's backward loop the recomputation can only run when its iteration 
 from __future__ import annotations
 
 import functools
-import os
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +29,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import funcnet
-from comparisons._core import Options, Result, Side, close, dtypes, expect, progress, source, timed
+from comparisons._core import Options, Result, Side, close, dtypes, expect, side_by_side, source, timed
 from comparisons.gpt import TorchGPT
 from funcnet import gpt, losses, memory
 
@@ -143,13 +141,7 @@ def run(opts: Options = Options(), *, config: gpt.GPTConfig = CONFIG, batch: int
         jobs = {**{f"GPT(remat={r!r})": functools.partial(remat_grad, r) for r in remats},
                 "remat in a Python loop": loop_memory,
                 **{("per layer", r): functools.partial(per_layer_bytes, r) for r in remats}}
-        # nine independent programs; XLA's compile releases the GIL, so they compile side by side
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            futures = {name: pool.submit(job) for name, job in jobs.items()}
-            for _ in progress(as_completed(futures.values()), "JAX: compiling each remat policy's programs",
-                              total=len(futures)):
-                pass
-        done = {name: f.result() for name, f in futures.items()}
+        done = side_by_side(jobs, "JAX: compiling each remat policy's programs")  # nine independent programs
         out = {k: v for k, v in done.items() if not isinstance(k, tuple)}
         per_layer = {r: done[("per layer", r)] for r in remats}
         return out, per_layer

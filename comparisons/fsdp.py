@@ -18,18 +18,19 @@ in a child process with 8 simulated CPU devices.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, progress, source, torch_processes
+from comparisons._core import (Options, Result, Side, close, equal, expect, progress, side_by_side, source,
+                               torch_processes)
 
 __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 
@@ -114,15 +115,10 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
         lowered = step.lower(abstract, batch)  # ZeRO-3 also runs below; the others are only read
         return step, (lowered.compile() if zero == 3 else memory.compile_to_read(lowered))
 
-    # twelve independent programs; XLA's compile releases the GIL, so they compile side by side
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futures = {(zero, n): pool.submit(compile_layout, zero, n) for zero in zeros for n in devices}
-        for _ in progress(as_completed(futures.values()), "JAX: compiling each ZeRO level on each device count",
-                          total=len(futures)):
-            pass
+    compiled_layouts = side_by_side({(zero, n): functools.partial(compile_layout, zero, n) for zero in zeros
+                                     for n in devices}, "JAX: compiling each ZeRO level on each device count")
     zero3 = {}
-    for (zero, n), future in futures.items():  # memory, compiled only
-        step, compiled = future.result()
+    for (zero, n), (step, compiled) in compiled_layouts.items():  # memory, compiled only
         if zero == 3:
             zero3[n] = (step, compiled)  # the training runs below reuse it: no second compile
         stats = compiled.memory_analysis()

@@ -22,18 +22,18 @@ process with simulated ones. The output ends with where the wall time went.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, source, torch_processes
+from comparisons._core import Options, Result, Side, close, equal, expect, side_by_side, source, torch_processes
 from comparisons.fsdp import _flat
 
 __all__ = ["CONFIG", "MESHES", "TITLE", "run"]
@@ -160,11 +160,9 @@ def jax_tp(params, xs, ys, meshes=MESHES):
         compiled = step.lower(state, batch).compile()
         return compiled, time.perf_counter() - begin
 
-    # six independent programs; XLA's compile releases the GIL, so they compile side by side
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futures = {name: pool.submit(compile_timed, step, state) for name, (_, step, state) in placed.items()}
-        futures["Megatron's count"] = pool.submit(compile_timed, megatron_step, abstract)
-        done = {name: f.result() for name, f in futures.items()}
+    jobs = {name: functools.partial(compile_timed, step, state) for name, (_, step, state) in placed.items()}
+    jobs["Megatron's count"] = functools.partial(compile_timed, megatron_step, abstract)
+    done = side_by_side(jobs, "JAX: compiling each mesh's step")  # six independent programs
     out["marks"].append(("compiles, side by side", time.time()))
     out["megatron"] = {cfg.n_layer: tp.collective_stats(done.pop("Megatron's count")[0])}
     for name, ((d, f, m), step, state) in placed.items():
