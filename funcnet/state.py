@@ -200,7 +200,8 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
     values beyond int32, is refused naming the key and both dtypes unless ``cast=True``; a
     finite value that would become inf is always refused). ``sd`` may hold jax or numpy arrays or CPU torch
     tensors. With ``strict=True`` any missing or unexpected key is an error; a shape
-    mismatch is always an error (as in torch). All problems are reported together in one
+    mismatch is always an error (as in torch), except a one-element ``(1,)`` array for a
+    0-d leaf (``num_batches_tracked`` as older files stored it), which torch loads too. All problems are reported together in one
     ``StateDictError``. A tied parameter's second key must hold the same values as its first.
     """
     if not isinstance(sd, Mapping):
@@ -215,6 +216,8 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
         if k not in sd:
             continue
         value = _as_array(sd[k], k)
+        if value.shape == (1,) and jnp.ndim(leaf) == 0:  # a 0-d buffer that older writers stored as (1,); torch too
+            value = value.reshape(())
         if tuple(value.shape) != tuple(jnp.shape(leaf)):
             mismatched.append(f"{k}: expected shape {tuple(jnp.shape(leaf))}, got {tuple(value.shape)}")
             continue

@@ -199,3 +199,67 @@ def test_safetensors_functions_work_without_torch(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- 0-d arrays
+def bn_models():
+    """A funcnet Linear + BatchNorm1d with moved statistics (num_batches_tracked, a 0-d buffer, at 7)
+    and its torch twin."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    params = model.init(jax.random.key(4))
+    keys = jax.random.split(jax.random.key(5), 2)
+    state = {"1": {"running_mean": jax.random.normal(keys[0], (4,)),
+                   "running_var": jax.random.uniform(keys[1], (4,), minval=0.5, maxval=2.0),
+                   "num_batches_tracked": jnp.asarray(7, jnp.int32)}}
+    return model, params, state, tnn.Sequential(tnn.Linear(3, 4), tnn.BatchNorm1d(4))
+
+
+def test_a_funcnet_file_keeps_0d_shapes_for_torch_strict_load_and_for_funcnet(tmp_path):
+    model, params, state, twin = bn_models()
+    path = tmp_path / "bn.safetensors"
+    interop.save_safetensors(path, params, state)
+    written = st.load_file(path)
+    assert {k: tuple(t.shape) for k, t in written.items()} == {k: tuple(t.shape) for k, t in twin.state_dict().items()}
+    twin.load_state_dict(written, strict=True)
+    for k, v in funcnet.state_dict(params, state).items():
+        np.testing.assert_array_equal(twin.state_dict()[k].numpy(), np.asarray(v), err_msg=k)
+    assert twin[1].num_batches_tracked.shape == () and int(twin[1].num_batches_tracked) == 7
+    # funcnet reads back what it wrote, into a fresh model's templates
+    back_params, back_state = funcnet.load_state_dict(model.init(jax.random.key(9)), interop.load_safetensors(path),
+                                                      state=model.init_state())
+    assert back_state["1"]["num_batches_tracked"].shape == () and int(back_state["1"]["num_batches_tracked"]) == 7
+    for k, v in funcnet.state_dict(params, state).items():
+        np.testing.assert_array_equal(np.asarray(funcnet.state_dict(back_params, back_state)[k]), np.asarray(v))
+
+
+def test_a_torch_batchnorm_file_loads_into_a_funcnet_model(tmp_path):
+    model, _, _, twin = bn_models()
+    twin.train()
+    twin(torch.randn(6, 3))
+    twin(torch.randn(6, 3))  # num_batches_tracked 2, running statistics moved
+    st.save_file(twin.state_dict(), tmp_path / "torch_bn.safetensors")
+    params, state = funcnet.load_state_dict(model.init(jax.random.key(0)),
+                                            interop.load_safetensors(tmp_path / "torch_bn.safetensors"),
+                                            state=model.init_state())
+    loaded = funcnet.state_dict(params, state)
+    assert loaded.keys() == twin.state_dict().keys()
+    for k, t in twin.state_dict().items():
+        assert loaded[k].shape == t.shape, k
+        np.testing.assert_array_equal(np.asarray(loaded[k]), t.numpy(), err_msg=k)
+
+
+def test_an_old_file_with_a_0d_buffer_stored_as_shape_1_still_loads(tmp_path):
+    # what save_safetensors wrote before it kept 0-d shapes; torch's load_state_dict accepts it too
+    model, params, state, _ = bn_models()
+    flat = {k: torch.from_numpy(np.array(v)) for k, v in funcnet.state_dict(params, state).items()}
+    flat["1.num_batches_tracked"] = flat["1.num_batches_tracked"].reshape(1)
+    st.save_file(flat, tmp_path / "old.safetensors")
+    _, back_state = funcnet.load_state_dict(model.init(jax.random.key(0)),
+                                            interop.load_safetensors(tmp_path / "old.safetensors"),
+                                            state=model.init_state())
+    assert back_state["1"]["num_batches_tracked"].shape == () and int(back_state["1"]["num_batches_tracked"]) == 7
+    # a (2,) array is still a mismatch, not silently squeezed
+    flat["1.num_batches_tracked"] = torch.tensor([7, 7], dtype=torch.int32)
+    with pytest.raises(funcnet.state.StateDictError, match=r"num_batches_tracked: expected shape \(\), got \(2,\)"):
+        funcnet.load_state_dict(model.init(jax.random.key(0)), {k: v for k, v in flat.items()},
+                                state=model.init_state())

@@ -22,7 +22,8 @@ def _flat_for_file(params, state) -> tuple[dict[str, np.ndarray], dict[str, str]
         if k in ties:
             continue
         try:
-            arrays[k] = np.ascontiguousarray(np.asarray(v))
+            # asarray(order="C"), not ascontiguousarray, which gives a 0-d array (num_batches_tracked) shape (1,)
+            arrays[k] = np.asarray(v, order="C")
         except Exception as e:  # noqa: BLE001 - report which entry, whatever numpy says
             raise TypeError(f"save_safetensors: {k!r} holds {type(v).__name__}, which is not an array: {e}") from e
         dtype = arrays[k].dtype
