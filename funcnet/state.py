@@ -201,8 +201,8 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
     finite value that would become inf is always refused). ``sd`` may hold jax or numpy arrays or CPU torch
     tensors. With ``strict=True`` any missing or unexpected key is an error; a shape
     mismatch is always an error (as in torch), except a one-element ``(1,)`` array for a
-    0-d leaf (``num_batches_tracked`` as older files stored it), which torch loads too. All problems are reported together in one
-    ``StateDictError``. A tied parameter's second key must hold the same values as its first.
+    0-d leaf (``num_batches_tracked`` as older files stored it), which torch loads too. All
+    problems are reported together in one ``StateDictError``. A tied parameter's second key must hold the same values as its first.
     """
     if not isinstance(sd, Mapping):
         raise TypeError(f"load_state_dict: expected a mapping of dotted keys to arrays, got {type(sd).__name__}")
