@@ -118,7 +118,18 @@ def write_report(results: list[Result], directory: Path, opts: Options) -> Path:
 
 
 def _unwritable(args) -> str | None:
-    """The first of --json PATH, --report DIR, --html DIR that cannot be written, as a message."""
+    """The first of --json PATH, --report DIR, --html DIR that cannot be written, or that would be
+    written over --from-json or over another of them, as a message."""
+    from funcnet.cli.errors import UsageError
+    from funcnet.cli.outputs import refuse_overwriting_inputs
+
+    outputs = [("--json", None if args.from_json else args.json, False),  # a replayed run writes no --json
+               ("--report", Path(args.report) / "report.md" if args.report else None, False),
+               ("--html", Path(args.html) / "index.html" if args.html else None, False)]
+    try:
+        refuse_overwriting_inputs(outputs, [("--from-json", args.from_json)])
+    except UsageError as e:
+        return str(e)
     for flag, value, is_file in (("--json", args.json, True), ("--report", args.report, False),
                                  ("--html", args.html, False)):
         if value is None:
@@ -203,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             results.append(result)
     print_summary(console, results)
     if args.json and not args.from_json:
+        from funcnet.cli.outputs import write_atomic
+
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"dtype": opts.dtype, "results": [r.to_json() for r in results]},
-                                              indent=2) + "\n")
+        write_atomic(args.json, json.dumps({"dtype": opts.dtype, "results": [r.to_json() for r in results]},
+                                           indent=2) + "\n")  # a killed run leaves the previous file whole
     if args.report:
         path = write_report(results, Path(args.report), opts)
         console.print(f"report written to {path}")

@@ -1,6 +1,7 @@
 """``--out``'s files, replaced as a whole: staged beside it, fsync-ed, swapped in atomically.
 
-Also the checks that a folder can be written before any data is loaded, and the loss plot.
+Also the checks that a folder can be written before any data is loaded, ``refuse_overwriting_inputs``
+(every command's outputs against its inputs), ``write_atomic`` and the loss plot.
 """
 
 from __future__ import annotations
@@ -10,11 +11,75 @@ import os
 import secrets
 import shutil
 import sys
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from funcnet.cli.errors import UsageError
 
 OUTPUTS = ("metrics.json", "params.npz", "loss.png")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """One file under two names: the same resolved path (symlinks, ``..``, relative to the current
+    folder) or, when both exist, the same inode (a hard link, a bind mount)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return False
+
+
+def _inside(inner: str, folder: str) -> bool:
+    """``inner`` is ``folder`` or lies under it, once both are resolved."""
+    inner, folder = os.path.realpath(inner), os.path.realpath(folder)
+    return inner == folder or inner.startswith(folder.rstrip(os.sep) + os.sep) or _same_file(inner, folder)
+
+
+def refuse_overwriting_inputs(outputs: Iterable[tuple[str, str | os.PathLike | None, bool]],
+                              inputs: Iterable[tuple[str, str | os.PathLike | None]]) -> None:
+    """Raise ``UsageError`` naming both paths when an output would be written over an input, or two
+    outputs over each other, before any work starts.
+
+    ``outputs``: ``(flag, path, whole)``; ``whole=True`` is a folder replaced as a whole (``funcnet
+    train --out``), which destroys every input inside it too. ``inputs``: ``(what, path)``, ``what``
+    as the message names it (``--data-dir``, ``the model file``). ``None`` paths are skipped.
+    """
+    outputs = [(flag, os.fspath(path), whole) for flag, path, whole in outputs if path is not None]
+    inputs = [(what, os.fspath(path)) for what, path in inputs if path is not None]
+    for flag, out, whole in outputs:
+        for what, source in inputs:
+            if _same_file(out, source) or (whole and _inside(source, out)):
+                where = "is" if _same_file(out, source) else "holds"
+                raise UsageError(f"{flag} {out} {where} {what} {source} ({os.path.realpath(source)}), which this "
+                                 f"command reads: writing {flag} would destroy it; pass another {flag} path")
+    for i, (flag, out, _) in enumerate(outputs):
+        for other, path, _ in outputs[i + 1:]:
+            if _same_file(out, path):
+                raise UsageError(f"{flag} {out} and {other} {path} are the same file ({os.path.realpath(out)}); "
+                                 f"pass two different paths")
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, fsync-ed and renamed over
+    ``path``: a failed or killed write leaves the file that was there as it was."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a written file gets the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def _probe_writable(folder: Path, flag: str) -> None:
@@ -171,6 +236,7 @@ def _check_out(args) -> None:
     if resolved == cwd or resolved in cwd.parents or resolved.parent == resolved:
         raise UsageError(f"--out {args.out} is the current folder or one above it; the outputs replace --out as a "
                          f"whole, so give the run a folder of its own (e.g. --out runs/train-{args.model})")
+    refuse_overwriting_inputs([("--out", args.out, True)], [("--data-dir", getattr(args, "data_dir", None))])
     for flag, value, beside in (("--checkpoint-dir", args.checkpoint_dir, "ckpt"), ("--stream", args.stream, "data")):
         inner = None if value is None else Path(value).resolve()
         if inner is not None and (inner == resolved or resolved in inner.parents):

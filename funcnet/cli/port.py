@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 
 from funcnet.cli.errors import EXIT_ERROR, UsageError
+from funcnet.cli.outputs import refuse_overwriting_inputs, write_atomic
 from funcnet.cli.parser import join_negative_values
 
 __all__ = ["main"]
@@ -72,6 +73,11 @@ def _json(flag: str, text: str, kind: type):
     return value
 
 
+# The most values one example input may hold (1 GiB as float32): forward is recorded once, on any
+# batch, so a batch of 1 is enough; past this the allocation alone could exhaust the machine.
+INPUT_VALUES_MAX = 2**28
+
+
 def _shape(text: str) -> tuple[int, ...]:
     try:
         shape = tuple(int(s) for s in text.replace("x", ",").split(","))
@@ -79,6 +85,14 @@ def _shape(text: str) -> tuple[int, ...]:
         shape = ()
     if not shape or any(s <= 0 for s in shape):
         raise UsageError(f"--input-shape {text!r}: expected positive integers separated by commas, e.g. 1,3,32,32")
+    values = math.prod(shape)
+    if values > INPUT_VALUES_MAX:
+        one = (1, *shape[1:])
+        hint = f" (e.g. a batch of 1: {','.join(map(str, one))})" if 1 < len(shape) and math.prod(one) <= \
+            INPUT_VALUES_MAX else ""
+        raise UsageError(f"--input-shape {text}: {values:.3g} values ({values * 4 / 1e9:,.0f} GB as float32), "
+                         f"more than the {INPUT_VALUES_MAX:,} one example input may hold; forward is recorded once "
+                         f"on any batch, so pass a smaller shape{hint}")
     return shape
 
 
@@ -110,8 +124,8 @@ def _check(args) -> dict:
     _writable("--out", args.out)
     if args.weights is not None:
         _writable("--weights", args.weights)
-        if os.path.abspath(args.weights) == os.path.abspath(args.out):
-            raise UsageError(f"--weights and --out are the same file ({args.out}); pass two paths")
+    refuse_overwriting_inputs([("--out", args.out, False), ("--weights", args.weights, False)],
+                              [("the model file", path)])
     return {"path": path, "name": name, "args": ctor_args, "kwargs": ctor_kwargs, "shapes": shapes, "dtypes": dtypes}
 
 
@@ -127,6 +141,9 @@ def _load_class(path: str, name: str):
     sys.modules.setdefault(module_name, module)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as e:  # a script's sys.exit or argparse at top level: not the command's own exit
+        raise UsageError(f"{path} called sys.exit({e.code!r}) while being imported; funcnet port imports the file "
+                         f"to build {name}: put the script part under `if __name__ == \"__main__\":`") from None
     except Exception as e:
         raise UsageError(f"importing {path} failed: {type(e).__name__}: {e}; fix the file so that "
                          f"`python {path}` runs") from None
@@ -143,24 +160,6 @@ def _load_class(path: str, name: str):
     return cls
 
 
-def _write_atomic(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def run(argv: Sequence[str]) -> str:
     """Write the port; returns the summary line. Raises UsageError/ConversionError/OSError."""
     args = _parser().parse_args(join_negative_values(list(argv)))
@@ -175,6 +174,9 @@ def run(argv: Sequence[str]) -> str:
     torch.manual_seed(args.seed)
     try:
         module = cls(*plan["args"], **plan["kwargs"])
+    except SystemExit as e:
+        raise UsageError(f"{plan['name']}(*{plan['args']}, **{plan['kwargs']}) called sys.exit({e.code!r}); a model's "
+                         f"constructor must return the module, not end the process") from None
     except Exception as e:
         try:
             sig = str(inspect.signature(cls.__init__)).replace("(self, ", "(").replace("(self)", "()")
@@ -182,13 +184,21 @@ def run(argv: Sequence[str]) -> str:
             sig = "(...)"
         raise UsageError(f"{plan['name']}(*{plan['args']}, **{plan['kwargs']}) failed: {type(e).__name__}: {e}; "
                          f"pass --args/--kwargs for {plan['name']}{sig}") from None
-    inputs = [torch.randint(0, 2, s) if d == "long" else torch.randn(s) for s, d in zip(plan["shapes"], plan["dtypes"])]
+    shapes = " ".join(f"--input-shape {','.join(map(str, s))}" for s in plan["shapes"])
+    try:
+        inputs = [torch.randint(0, 2, s) if d == "long" else torch.randn(s)
+                  for s, d in zip(plan["shapes"], plan["dtypes"])]
+    except (RuntimeError, MemoryError) as e:  # within INPUT_VALUES_MAX, yet more than this machine has
+        raise UsageError(f"the example inputs ({shapes}) could not be allocated: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}; pass smaller shapes, e.g. a batch of 1") from None
     try:
         source = interop.to_source(module, *inputs)
     except interop.ConversionError:
         raise
+    except SystemExit as e:
+        raise UsageError(f"{plan['name']}'s forward called sys.exit({e.code!r}) on the example inputs ({shapes}); "
+                         f"forward must return its outputs, not end the process") from None
     except Exception as e:
-        shapes = " ".join(f"--input-shape {','.join(map(str, s))}" for s in plan["shapes"])
         raise UsageError(f"{plan['name']}'s forward failed on example inputs ({shapes}): {type(e).__name__}: {e}; "
                          f"pass the shapes (and --input-dtype) forward expects") from None
     if args.weights is not None:
@@ -197,7 +207,7 @@ def run(argv: Sequence[str]) -> str:
 
         tree = _nest(((k, _to_numpy(v)) for k, v in module.state_dict().items()), "funcnet port")
         interop.save_safetensors(args.weights, tree)
-    _write_atomic(args.out, source)
+    write_atomic(args.out, source)
     lines = source.count("\n")
     return f"wrote {args.out} ({lines} lines)" + (f" and {args.weights}" if args.weights else "")
 
