@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -56,24 +57,57 @@ def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, 
     table.add_column("batch \\ seq", justify="right")
     for s in GRID_SEQ:
         table.add_column(str(s), justify="right")
-    inside = []
+    cells = []
     for b in GRID_BATCH:
         row = []
         for s in GRID_SEQ:
             act = transformer_activations(args.layers, args.hidden, args.heads, s, b, vocab=args.vocab,
                                           bytes_per_value=bytes_per_value, recompute=args.recompute,
                                           flash=args.flash, dropout=not args.no_dropout)
-            mark = 20e9 <= act <= 50e9
-            inside += [(b, s, act)] if mark else []
-            row.append(f"{act / 1e9:.1f}{'*' if mark else ' '}")
+            cells.append((b, s, act))
+            row.append(f"{act / 1e9:.1f}{'*' if 20e9 <= act <= 50e9 else ' '}")
         table.add_row(str(b), *row)
-    return table, inside
+    return table, cells
+
+
+def wide_console(*tables):
+    """A rich Console at least as wide as each table's natural width: piped output (80 columns unless
+    COLUMNS says otherwise) or a narrow terminal gets every figure whole, never rich's "1.…"; a terminal
+    narrower than the table wraps its lines instead."""
+    from rich.console import Console
+
+    console = Console()
+    unbounded = console.options.update_width(10**6)  # a measure is clamped to the width it is given
+    needed = max((console.measure(t, options=unbounded).maximum for t in tables), default=0)
+    return Console(width=needed) if needed > console.width else console
+
+
+# The most devices ``--layouts`` enumerates: past this its divisor search takes seconds (a billion: hours).
+LAYOUTS_MAX = 2**20
+
+
+def _check_layout_flags(args, given: dict) -> None:
+    """``--layouts`` lists dp x fsdp x tp x sp itself; a layout counts its own parameters and activations:
+    flags that would be silently dropped are refused instead."""
+    if args.layouts is not None:
+        if not 1 <= args.layouts <= LAYOUTS_MAX:
+            raise ValueError(f"--layouts {args.layouts}: expected a number of devices from 1 to {LAYOUTS_MAX:,}")
+        fixed = [f"--{k} {getattr(args, k)}" if k != "sp" else "--sp" for k in ("dp", "fsdp", "tp", "sp") if given[k]]
+        if fixed:
+            raise ValueError(f"--layouts {args.layouts} lists every dp x fsdp x tp (with and without sp) of "
+                             f"{args.layouts} devices, so {' '.join(fixed)} contradicts it: leave "
+                             f"{'them' if len(fixed) > 1 else 'it'} out, or drop --layouts to plan that one layout")
+    ignored = [f"--{k.replace('_', '-')}" for k in ("params", "sizes", "activations", "flash", "activation_dtype")
+               if given[k]]
+    if ignored:
+        raise ValueError(f"{', '.join(ignored)} {'do' if len(ignored) > 1 else 'does'} not apply to a layout "
+                         f"(--dp/--fsdp/--tp/--sp/--device-memory/--layouts): the planner counts parameters and "
+                         f"activations from the --transformer shapes in --precision's dtypes; leave "
+                         f"{'them' if len(ignored) > 1 else 'it'} out")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``funcnet memory``: print the estimate table; returns the exit status."""
-    from rich.console import Console
-
     parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
     parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes or "
                                          "the --transformer shapes)")
@@ -91,32 +125,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--vocab", type=int, default=0, help="vocabulary size, e.g. 32000 (adds embeddings and logits)")
     t.add_argument("--seq", type=int, help="sequence length, e.g. 2048")
     t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default 4)")
-    t.add_argument("--activation-dtype", default="bf16",
+    t.add_argument("--activation-dtype",
                    help="dtype of the kept activations (default bf16: the paper's 16-bit activations)")
-    t.add_argument("--recompute", "--remat", dest="recompute", default="none", choices=RECOMPUTE,
+    t.add_argument("--recompute", "--remat", dest="recompute", choices=RECOMPUTE,
                    help="activation recomputation (default none)")
     t.add_argument("--flash", action="store_true", help="attention that keeps no s x s scores (FlashAttention)")
     t.add_argument("--no-dropout", action="store_true", help="no dropout masks (nanoGPT's dropout=0)")
     lay = parser.add_argument_group("parallel layout (per-device bytes; with --transformer)")
-    lay.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
-    lay.add_argument("--fsdp", type=int, default=1, help="FSDP / ZeRO-3 devices (default 1)")
-    lay.add_argument("--tp", type=int, default=1, help="tensor-parallel devices, Megatron's split (default 1)")
+    lay.add_argument("--dp", type=int, help="data-parallel replicas (default 1)")
+    lay.add_argument("--fsdp", type=int, help="FSDP / ZeRO-3 devices (default 1)")
+    lay.add_argument("--tp", type=int, help="tensor-parallel devices, Megatron's split (default 1)")
     lay.add_argument("--sp", action="store_true", help="sequence parallelism in the LayerNorm/dropout regions")
     lay.add_argument("--reduce-in-place", action="store_true",
                      help="the data-parallel all-reduce writes into the gradients (torch DDP's "
                           "gradient_as_bucket_view=True): no second copy of them")
     lay.add_argument("--device-memory", help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits")
     lay.add_argument("--layouts", type=int, metavar="N",
-                     help="list every dp x fsdp x tp layout of N devices (tp <= 8) and the smallest that fits")
+                     help=f"list every dp x fsdp x tp layout of N devices (tp <= 8; N up to {LAYOUTS_MAX:,}), under "
+                          f"--remat's policy if given (else each), and the smallest that fits")
+    parser.add_argument("--json", action="store_true",
+                        help="print the figures as one JSON object (bytes, as the funcnet.memory functions return "
+                             "them) instead of the tables")
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
-    if any(v is not None for v in (args.device_memory, args.layouts)) or (args.dp, args.fsdp, args.tp) != (1, 1, 1) \
-            or args.sp or args.reduce_in_place:
+    given = {k: getattr(args, k) is not None for k in ("dp", "fsdp", "tp", "params", "sizes", "activation_dtype",
+                                                         "recompute")}
+    given.update(sp=args.sp, flash=args.flash, activations=args.activations != "0")
+    for k, default in (("dp", 1), ("fsdp", 1), ("tp", 1), ("activation_dtype", "bf16"), ("recompute", "none")):
+        if getattr(args, k) is None:
+            setattr(args, k, default)
+    if args.layouts is not None or args.device_memory is not None or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) \
+            or args.reduce_in_place:
         try:
             if not args.transformer:
                 raise ValueError("--dp/--fsdp/--tp/--sp/--reduce-in-place/--device-memory/--layouts need "
                                  "--transformer and its shapes")
+            _check_layout_flags(args, given)
             from funcnet.cli.memory_layout import print_layout
-            return print_layout(args)
+
+            return print_layout(args, remat_given=given["recompute"])
         except (ValueError, TypeError) as e:
             parser.error(str(e))
     grid = None
@@ -167,11 +213,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         est = estimate(n, args.optimizer, activations=0 if sizes else act, **kw, **PRECISIONS[args.precision])
     except (ValueError, TypeError) as e:
         parser.error(str(e))
+    if args.json:
+        figures = {"parameters": n, "optimizer": args.optimizer, "precision": args.precision, "bytes": est.as_dict()}
+        if grid is not None:
+            figures.update(counted_parameters=counted, activations={"bytes": act, "batch": grid[2], "seq": args.seq},
+                           grid=[{"batch": b, "seq": s, "bytes": v} for b, s, v in grid[1]])
+        print(json.dumps(figures, indent=2))
+        return 0
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
-    console = Console()
-    console.print(format_table(est, n_params=n, title=title))
+    table = format_table(est, n_params=n, title=title)
+    console = wide_console(table, *([] if grid is None else [grid[0]]))
+    console.print(table)
     if grid is not None:
-        table, inside, batch, value_bytes = grid
+        table, cells, batch, value_bytes = grid
+        inside = [(b, s, v) for b, s, v in cells if 20e9 <= v <= 50e9]
         if args.params is not None and n != counted:
             console.print(f"(--params {args.params} is used for the table; these shapes count {counted:,} parameters)")
         console.print(f"activations (Korthikanti et al. 2022, sbh(34 + 5as/h) bytes per layer at 16 bits; here "

@@ -38,9 +38,17 @@ def _row(plan, memory) -> list[str]:
             gb(plan.total), fits]
 
 
-def print_layout(args) -> int:
-    from rich.console import Console
+def _figures(plan) -> dict:
+    """A plan's bytes, its layout's fields and whether it fits, for ``--json``."""
+    return {**{k: v for k, v in plan._asdict().items() if k != "layout"}, "layout": plan.layout._asdict()}
+
+
+def print_layout(args, remat_given: bool = False) -> int:
+    import json
+
     from rich.table import Table
+
+    from funcnet.cli.memory import wide_console
 
     shape = _shape(args)
     memory = None if args.device_memory is None else parse_bytes(args.device_memory)
@@ -53,23 +61,33 @@ def print_layout(args) -> int:
     for c in ("dp", "fsdp", "tp", "sp", "remat", "params", "grads", "reduce buffer", "master", "optimizer",
               "activations", "total", "fits"):
         table.add_column(c, justify="left" if c == "remat" else "right")
-    console = Console()
     if args.layouts:
-        lays = _layout.layouts(args.layouts, shape, sp=(False, True), **common)
+        kw = dict(common, sp=(False, True), **({"remats": (args.recompute,)} if remat_given else {}))
+        lays = _layout.layouts(args.layouts, shape, **kw)
         if not lays:
             raise ValueError(f"no layout of {args.layouts} devices splits the batch {shape.batch} and the "
                              f"{shape.n_head} heads")
-        for lay in lays:
-            table.add_row(*_row(_layout.plan(shape, lay, device_memory=memory), memory))
+        plans = [_layout.plan(shape, lay, device_memory=memory) for lay in lays]
+        best = None if memory is None else _layout.smallest_fitting(args.layouts, shape, memory, **kw)
+        if args.json:
+            print(json.dumps({"device_memory": memory, "layouts": [_figures(p) for p in plans],
+                              "smallest_fitting": None if best is None else _figures(best)}, indent=2))
+            return 0
+        for p in plans:
+            table.add_row(*_row(p, memory))
+        console = wide_console(table)
         console.print(table)
         if memory is not None:
-            best = _layout.smallest_fitting(args.layouts, shape, memory, sp=(False, True), **common)
             console.print("smallest fitting layout: " + (f"{best.layout} ({best.total / 1e9:.1f} GB per device)"
                                                          if best else "none fits"))
         return 0
     lay = _layout.Layout(args.dp, args.fsdp, args.tp, args.sp, args.recompute, **common)
     plan = _layout.plan(shape, lay, device_memory=memory)
+    if args.json:
+        print(json.dumps({"device_memory": memory, "layouts": [_figures(plan)]}, indent=2))
+        return 0
     table.add_row(*_row(plan, memory))
+    console = wide_console(table)
     console.print(table)
     if memory is not None:
         console.print(f"{'fits' if plan.fits else 'does not fit'}: {plan.total / 1e9:.1f} GB of "

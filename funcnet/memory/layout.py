@@ -30,6 +30,7 @@ sharding (fsdp x tp, then tp) that fits: the least communication.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from funcnet.memory.estimate import OPTIMIZER_SLOTS, PRECISIONS, dtype_bytes
@@ -158,6 +159,12 @@ def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None =
     return Plan(**parts, total=total, fits=fits, layout=layout)
 
 
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order, in O(sqrt(n)) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def layouts(n_devices: int, shape: Shape, *, max_tp: int = 8, remats=REMAT, sp=(False,), precision="bf16",
             optimizer="adam", reduce_in_place: bool = False) -> list[Layout]:
     """Every ``Layout`` of ``n_devices`` (dp x fsdp x tp == n, tp within ``max_tp``, one node's
@@ -166,7 +173,7 @@ def layouts(n_devices: int, shape: Shape, *, max_tp: int = 8, remats=REMAT, sp=(
     out = []
     for tp in [t for t in range(1, max_tp + 1) if n_devices % t == 0 and shape.n_head % t == 0]:
         rest = n_devices // tp
-        for fsdp in [f for f in range(1, rest + 1) if rest % f == 0]:
+        for fsdp in _divisors(rest):
             dp = rest // fsdp
             if shape.batch % (dp * fsdp):
                 continue

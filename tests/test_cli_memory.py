@@ -1,0 +1,127 @@
+"""`funcnet memory`'s flags and output: contradicting or absurd flags are refused before any work,
+tables print whole when piped or at 80 columns, and --json holds the funcnet.memory functions' figures."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from funcnet.cli import memory as memory_command
+from funcnet.memory import (
+    PRECISIONS,
+    estimate,
+    parse_count,
+    transformer_activations,
+    transformer_params,
+)
+from funcnet.memory import layout as ml
+
+SHAPE = ["--transformer", "--layers", "32", "--hidden", "4096", "--heads", "32", "--vocab", "32000", "--seq", "2048",
+         "--batch", "8", "--precision", "bf16"]
+SEVEN_B = ml.Shape(32, 4096, 32, 32000, 2048, 8, dropout=True)
+
+
+def refused(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exc:
+        memory_command.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--layouts", "4", "--dp", "8", "--tp", "2"],
+     ("--layouts 4 lists every dp x fsdp x tp (with and without sp) of 4 devices, so --dp 8 --tp 2 contradicts it")),
+    (["--layouts", "8", "--fsdp", "1"], "so --fsdp 1 contradicts it: leave it out"),
+    (["--layouts", "8", "--sp"], "so --sp contradicts it"),
+    (["--layouts", "0"], "--layouts 0: expected a number of devices from 1 to 1,048,576"),
+    (["--layouts", "-3"], "--layouts -3: expected a number of devices from 1 to 1,048,576"),
+    (["--layouts", "1000000000"], "--layouts 1000000000: expected a number of devices from 1 to 1,048,576"),
+    (["--dp", "2", "--flash"], "--flash does not apply to a layout"),
+    (["--tp", "2", "--params", "7B", "--activation-dtype", "fp32"], "--params, --activation-dtype do not apply"),
+])
+def test_contradicting_or_absurd_layout_flags_are_refused_before_any_work(flags, message, capsys, monkeypatch):
+    for name in ("layouts", "plan", "smallest_fitting"):
+        monkeypatch.setattr(ml, name, lambda *a, _n=name, **k: pytest.fail(f"{_n} ran before the flags were checked"))
+    err = refused(SHAPE + flags, capsys)
+    assert message in err, err
+
+
+def test_the_largest_layouts_count_is_accepted(capsys):
+    most = memory_command.LAYOUTS_MAX
+    assert memory_command.main(SHAPE + ["--batch", str(most), "--layouts", str(most), "--remat", "full", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["layouts"]
+    assert {g["layout"]["dp"] * g["layout"]["fsdp"] * g["layout"]["tp"] for g in got} == {most}
+    assert len(got) == len(ml.layouts(most, SEVEN_B._replace(batch=most), sp=(False, True), remats=("full",)))
+
+
+def _plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_tables_print_every_figure_whole_at_80_columns(terminal, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    if terminal:  # rich treats the output as an 80-column terminal
+        monkeypatch.setenv("FORCE_COLOR", "1")
+    else:
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+    assert memory_command.main(SHAPE + ["--layouts", "4", "--device-memory", "80GB"]) == 0
+    out = _plain(capsys.readouterr().out)
+    assert "…" not in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    lays = ml.layouts(4, SEVEN_B, sp=(False, True), precision="bf16")
+    assert len(rows) == len(lays)
+    for row, lay in zip(rows, lays):
+        plan = ml.plan(SEVEN_B, lay, device_memory=80 * 10**9)
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert cells[4] == lay.remat
+        assert cells[5:12] == [f"{v / 1e9:,.2f}" for v in (plan.params, plan.grads, plan.reduce_buffer, plan.master,
+                                                             plan.optimizer, plan.activations, plan.total)], row
+    assert memory_command.main(SHAPE) == 0  # the estimate table and the grid
+    out = _plain(capsys.readouterr().out)
+    assert "…" not in out and "247,245,832,192" in out
+
+
+def test_remat_with_layouts_restricts_the_list(capsys):
+    assert memory_command.main(SHAPE + ["--layouts", "4", "--remat", "full", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["layouts"]
+    want = ml.layouts(4, SEVEN_B, sp=(False, True), remats=("full",), precision="bf16")
+    assert [g["layout"] for g in got] == [lay._asdict() for lay in want]
+
+
+def test_json_holds_the_library_figures(capsys):
+    assert memory_command.main(["--params", "7B", "--optimizer", "sgd", "--precision", "bf16", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    n = parse_count("7B")
+    assert got["parameters"] == n
+    assert got["bytes"] == estimate(n, "sgd", activations=0, **PRECISIONS["bf16"]).as_dict()
+
+    assert memory_command.main(SHAPE + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    n = transformer_params(32, 4096, 32000, 2048)
+    act = transformer_activations(32, 4096, 32, 2048, 8, vocab=32000, bytes_per_value=2)
+    assert got["parameters"] == got["counted_parameters"] == n
+    assert got["activations"] == {"bytes": act, "batch": 8, "seq": 2048}
+    assert got["bytes"] == estimate(n, "adam", activations=act, **PRECISIONS["bf16"]).as_dict()
+    assert {(c["batch"], c["seq"]): c["bytes"] for c in got["grid"]} == {
+        (b, s): transformer_activations(32, 4096, 32, s, b, vocab=32000, bytes_per_value=2)
+        for b in memory_command.GRID_BATCH for s in memory_command.GRID_SEQ}
+
+    assert memory_command.main(SHAPE + ["--fsdp", "4", "--tp", "2", "--remat", "selective", "--device-memory", "80GB",
+                                        "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    plan = ml.plan(SEVEN_B, ml.Layout(1, 4, 2, remat="selective", precision="bf16"), device_memory=80 * 10**9)
+    assert got["device_memory"] == 80 * 10**9
+    assert got["layouts"] == [{**{k: v for k, v in plan._asdict().items() if k != "layout"},
+                               "layout": plan.layout._asdict()}]
+
+    assert memory_command.main(SHAPE + ["--layouts", "8", "--device-memory", "80GB", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    lays = ml.layouts(8, SEVEN_B, sp=(False, True), precision="bf16")
+    assert [g["total"] for g in got["layouts"]] == [ml.plan(SEVEN_B, lay).total for lay in lays]
+    best = ml.smallest_fitting(8, SEVEN_B, 80 * 10**9, sp=(False, True), precision="bf16")
+    assert got["smallest_fitting"]["layout"] == best.layout._asdict() and got["smallest_fitting"]["total"] == best.total
