@@ -70,18 +70,6 @@ def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, 
     return table, cells
 
 
-def wide_console(*tables):
-    """A rich Console at least as wide as each table's natural width: piped output (80 columns unless
-    COLUMNS says otherwise) or a narrow terminal gets every figure whole, never rich's "1.…"; a terminal
-    narrower than the table wraps its lines instead."""
-    from rich.console import Console
-
-    console = Console()
-    unbounded = console.options.update_width(10**6)  # a measure is clamped to the width it is given
-    needed = max((console.measure(t, options=unbounded).maximum for t in tables), default=0)
-    return Console(width=needed) if needed > console.width else console
-
-
 # The most devices ``--layouts`` enumerates: past this its divisor search takes seconds (a billion: hours).
 LAYOUTS_MAX = 2**20
 
@@ -220,6 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            grid=[{"batch": b, "seq": s, "bytes": v} for b, s, v in grid[1]])
         print(json.dumps(figures, indent=2))
         return 0
+    from funcnet.cli.memory_layout import wide_console
+
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
     table = format_table(est, n_params=n, title=title)
     console = wide_console(table, *([] if grid is None else [grid[0]]))

@@ -6,7 +6,7 @@ import re
 
 from funcnet.memory import layout as _layout
 
-__all__ = ["parse_bytes", "print_layout"]
+__all__ = ["parse_bytes", "print_layout", "wide_console"]
 
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 
@@ -17,6 +17,18 @@ def parse_bytes(text: str) -> int:
     if m is None:
         raise ValueError(f"--device-memory {text!r}: expected a size such as 80GB, 141GB or 16GiB")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+
+
+def wide_console(*tables):
+    """A rich Console at least as wide as each table's natural width: piped output (80 columns unless
+    COLUMNS says otherwise) or a narrow terminal gets every figure whole, never rich's "1.…"; a terminal
+    narrower than the table wraps its lines instead."""
+    from rich.console import Console
+
+    console = Console()
+    unbounded = console.options.update_width(10**6)  # a measure is clamped to the width it is given
+    needed = max((console.measure(t, options=unbounded).maximum for t in tables), default=0)
+    return Console(width=needed) if needed > console.width else console
 
 
 def _shape(args) -> _layout.Shape:
@@ -47,8 +59,6 @@ def print_layout(args, remat_given: bool = False) -> int:
     import json
 
     from rich.table import Table
-
-    from funcnet.cli.memory import wide_console
 
     shape = _shape(args)
     memory = None if args.device_memory is None else parse_bytes(args.device_memory)
