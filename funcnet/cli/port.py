@@ -4,9 +4,12 @@ Imports the user's file, builds ``Class(*args, **kwargs)``, records its forward 
 inputs of the given shapes and writes ``interop.to_source``'s module to ``--out``; with
 ``--weights`` also the model's state_dict as a safetensors file that torch loads strictly
 (``model.load_state_dict(safetensors.torch.load_file(path))``). Every flag is checked before
-the user's file is imported; both files are written atomically, so a failed run leaves the
-files already there as they were. Exit status: 0 done, 2 bad input or a model that cannot
-be converted (one message naming every problem).
+the user's file is imported: ``--out`` and ``--weights`` may not name FILE.py (by any path,
+symlink or hard link) nor each other, and ``--input-shape`` is bounded (``INPUT_VALUES_MAX``)
+before anything is allocated; both files are written atomically, so a failed run leaves the
+files already there as they were. A file that ends the process while it is imported
+(``sys.exit``, a script's argparse) is reported as such. Exit status: 0 done, 2 bad input or a
+model that cannot be converted (one message naming every problem).
 """
 
 from __future__ import annotations
