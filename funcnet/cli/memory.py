@@ -70,7 +70,8 @@ def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, 
     return table, cells
 
 
-# The most devices ``--layouts`` enumerates: past this its divisor search takes seconds (a billion: hours).
+# The most devices ``--layouts`` plans for: ten times today's largest clusters. An N past it (a typo, a byte
+# count) is refused by name instead of listing layouts nobody runs.
 LAYOUTS_MAX = 2**20
 
 
