@@ -84,3 +84,17 @@ def test_a_model_file_that_calls_sys_exit_is_reported_as_such(where, code, messa
     status, err = run(source, "--input-shape", "1,3")
     assert status == 2 and err.count("\n") == 1
     assert message in err, err
+
+
+def test_port_weights_keep_the_0d_batchnorm_counter(tmp_path, monkeypatch, capsys):
+    import safetensors.torch as st
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bn.py").write_text("import torch\n\n\nclass Net(torch.nn.Sequential):\n    def __init__(self):\n"
+                                    "        super().__init__(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))\n")
+    assert main(["port", "bn.py:Net", "--input-shape", "2,3", "--out", "p.py", "--weights", "w.safetensors"]) == 0
+    written = st.load_file(tmp_path / "w.safetensors")
+    twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    assert {k: tuple(v.shape) for k, v in written.items()} == {k: tuple(v.shape) for k, v in twin.state_dict().items()}
+    assert written["1.num_batches_tracked"].shape == () and written["1.num_batches_tracked"].dtype == torch.int64
