@@ -58,6 +58,23 @@ class Numbered(tnn.Module):
         return self.heads["3"](h), self.heads["5"](h)
 
 
+class OddNames(tnn.Module):
+    """A child named by a keyword, a parameter named "0", a Sequential whose numbered entries are
+    not in their positions (torch's ``seq[0]`` is the entry named "1")."""
+
+    def __init__(self):
+        super().__init__()
+        self.add_module("class", tnn.Linear(3, 3))
+        self.register_parameter("0", tnn.Parameter(torch.linspace(-1.0, 1.0, 3)))
+        self.seq = tnn.Sequential(collections.OrderedDict([("1", tnn.Linear(3, 3)), ("0", tnn.Tanh())]))
+        self.heads = tnn.ModuleDict({"7": tnn.Linear(3, 2), "lambda": tnn.Linear(3, 2)})
+
+    def forward(self, x):
+        h = getattr(self, "class")(x) * getattr(self, "0")
+        h = self.seq(h) + self.seq[0](h)
+        return self.heads["7"](h) + self.heads["lambda"](h)
+
+
 class DlaBasic(tnn.Module):
     """timm's DlaBasic with one convolution instead of two (the test compiles fewer)."""
 
@@ -183,6 +200,7 @@ def build(name: str):
     """``(module, example inputs, fresh inputs)``: the fresh ones have other values and batch size."""
     torch.manual_seed(0)
     module, shape = {"layer_getter": (LayerGetter, (3, 8, 8)), "numbered": (Numbered, (4,)),
+                     "odd_names": (OddNames, (3,)),
                      "dla": (Dla, (3, 16, 16)), "shared": (Shared, (3,))}[name]
     module = module()
     with torch.no_grad():  # running statistics away from their init, so eval mode normalizes with them
@@ -197,4 +215,4 @@ def build(name: str):
     return module, (example,), (fresh,)
 
 
-NAMES = ["layer_getter", "numbered", "dla", "shared"]
+NAMES = ["layer_getter", "numbered", "odd_names", "dla", "shared"]

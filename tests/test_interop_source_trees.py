@@ -67,6 +67,9 @@ def test_numbered_children_read_as_in_torch():
     # ModuleDict entry "3" that is not at position 3 is indexed by its name
     assert "nn.Composite(forward, **{'0': nn.Sequential(" in source and "'1': Residuals()}" in source, source
     assert "getattr(self, '1')(getattr(self, '0')(x))" in source and "self.heads['3'](h)" in source, source
+    odd = _written("odd_names")[2]  # torch's seq[0] is the entry named "1"; a keyword is no attribute name
+    assert "getattr(self, 'class')(x) * getattr(self, '0')" in odd and "self.seq['1'](h)" in odd, odd
+    assert "self.heads['lambda'](h)" in odd and "seq=NamedSequential(**{'1': nn.Linear(3, 3), '0': nn.Tanh()})" in odd
     getter = _written("layer_getter")[2]
     assert "x_2 = getattr(self, '2')(x)" in getter and "return {'mid': x, 'out': x_2}" in getter, getter
 
