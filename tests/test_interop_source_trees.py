@@ -10,15 +10,16 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from convert_check import _check  # noqa: E402
+from convert_check import _check, tree_rel  # noqa: E402
 from source_trees import NAMES, build  # noqa: E402
-from test_interop_source import _load  # noqa: E402
+from test_interop_source import _call, _load  # noqa: E402
 
 import funcnet  # noqa: E402
 from funcnet import interop  # noqa: E402
@@ -112,3 +113,39 @@ def test_an_internal_error_names_the_module_and_says_it_is_a_bug(monkeypatch):
         interop.to_source(module, *example)
     assert isinstance(caught.value.__cause__, KeyError)  # the traceback of the bug is kept
 
+
+
+class _Passes(torch.nn.Module):
+    """A child that returns its input object (nn.Identity) and one that appends to the list it is given."""
+
+    def __init__(self):
+        super().__init__()
+        self.same, self.lin = torch.nn.Identity(), torch.nn.Linear(3, 3)
+
+    def forward(self, x, found):
+        y = self.same(x)
+        found.append(self.lin(y))
+        return y * 2
+
+
+class _Caller(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Passes()
+
+    def forward(self, x):
+        found = [x]
+        return self.inner(x, found) + x
+
+
+def test_inputs_a_child_returns_or_appends_to_stay_the_callers_values():
+    torch.manual_seed(0)
+    module = _Caller()
+    source = interop.to_source(module, torch.randn(2, 3))  # refused before: "an in-place change" of x
+    assert "return self.inner(x, [x]) + x" in source, source  # the list as it was when inner was called
+    model, params, state = _load(source, module)
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        want = module(x)
+    got, _ = _call(model, params, state, jax.numpy.asarray(x.numpy()))
+    assert tree_rel(got, want) < 1e-6  # one 3-term dot product and a doubling: float32 rounding, 1e-7
