@@ -129,7 +129,8 @@ class _Body:
                 self._emit(n)
         for name, tree in self.state.items():
             value = self.expr(tree)
-            self.stmts.append(([f"self.{name} = {value}" if is_name(name) else f"setattr(self, {name!r}, {value})"], []))
+            line = f"self.{name} = {value}" if is_name(name) else f"setattr(self, {name!r}, {value})"
+            self.stmts.append(([line], []))
         self.stmts.append(([f"return {self.expr(self.output, top=True)}"], []))
         return self._named()
 
@@ -303,7 +304,8 @@ class _Body:
             *owner, leaf = node.target.split(".")
             if not owner:
                 return own_expr(leaf)
-            return f"{child_expr('.'.join(owner), self.ctx.positions)}.{'params' if node.kind == 'param' else 'state'}[{leaf!r}]"
+            owner_text = child_expr(".".join(owner), self.ctx.positions)
+            return f"{owner_text}.{'params' if node.kind == 'param' else 'state'}[{leaf!r}]"
         if node.kind == "const":
             return literal(node.target, self.ctx)
         if node.kind == "dim":
