@@ -19,9 +19,10 @@ import inspect
 import os
 
 from funcnet.interop.registry import ConversionError, _container_base, _match, _own_tensors, _registry
-from funcnet.interop.source_classes import ClassWriter, Container, Leaf, TensorSpec, render
+from funcnet.interop.source_classes import ClassWriter
 from funcnet.interop.source_forward import Context
 from funcnet.interop.source_modes import body, signature
+from funcnet.interop.source_specs import _COMPOSITE_ARGS, Container, Leaf, TensorSpec, render
 
 WIDTH = 120
 
@@ -43,9 +44,16 @@ class _Writer:
         self.specs: dict = {}  # id(instance) -> (children specs, forward statements, forward signature)
         self.constants: list = []
         self.problems: list = []
+        self.where = ("", type(root).__name__)  # the module being written: its path and class
 
     # ---- the tree of specs
     def spec(self, module, path: str):
+        outer, self.where = self.where, (path, type(module).__name__)
+        out = self._spec(module, path)
+        self.where = outer  # kept where an error leaves, so that its message names the module
+        return out
+
+    def _spec(self, module, path: str):
         from torch import nn as tnn
 
         from funcnet.interop.modules import _layer_args
@@ -83,7 +91,8 @@ class _Writer:
             forward = [[f"raise NotImplementedError('{cls.__name__} was not called when the model was traced')"]]
             sig = "self, *args, **kwargs"
         else:
-            ctx = Context(self.lookup, {n for n, _ in kids}, _lists(module), _stateful(module), self.constants)
+            ctx = Context(self.lookup, {n for n, _ in kids}, _lists(module), _stateful(module), self.constants,
+                          _positions(module))
             forward = body(modes, ctx)
             sig = signature(next(iter(modes.values()))[0].signature)
         if cls not in self.classes:
@@ -97,12 +106,29 @@ class _Writer:
 
     # ---- the file
     def write(self) -> str:
+        """The source; a ConversionError naming the module for what cannot be written, and for an
+        unexpected error inside the writer, which is funcnet's bug."""
+        self.classes_writer = None
+        try:
+            return self._write()
+        except ConversionError:
+            raise
+        except Exception as e:
+            path, cls = (self.classes_writer.where if self.classes_writer is not None and
+                         self.classes_writer.where else self.where)
+            raise ConversionError(f"to_source: writing {path or '<root>'} ({cls}) failed: {type(e).__name__}: {e}. "
+                                  f"{_BUG}") from e
+
+    def _write(self) -> str:
         root_spec = self.spec(self.root, "")
         if self.problems:
             raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(self.problems))
-        classes = ClassWriter(self.specs, self.classes, self.order, WIDTH)
+        names = self.recording.names if self.recording is not None else {}
+        classes = self.classes_writer = ClassWriter(self.specs, self.classes, self.order, WIDTH, names)
         ties = _ties(self.root)
         functions = classes.functions(root=self.root, ties=ties)
+        self.where = ("", type(self.root).__name__)
+        classes.where = None
         name = type(self.root).__name__
         if isinstance(root_spec, tuple):
             body_text = functions
@@ -153,6 +179,17 @@ def _lists(module) -> dict:
             and isinstance(m, tnn.ModuleList)}
 
 
+def _positions(module) -> frozenset:
+    """The dotted paths of the entries of torch containers (written as nn.Sequential/ModuleList/
+    ModuleDict) whose name is their position: ``self.h[0]``, where any other entry is ``self.h["0"]``."""
+    out = set()
+    for name, m in module.named_modules():
+        base = _container_base(m)
+        if name and base is not None and type(m).forward is base.forward and not _own_tensors(m):
+            out.update(f"{name}.{n}" for i, (n, _) in enumerate(m.named_children()) if n == str(i))
+    return frozenset(out)
+
+
 def _stateful(module) -> set:
     return {name for name, m in module.named_modules() if name and any(True for _ in m.buffers())}
 
@@ -182,9 +219,38 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
     from funcnet.interop.modules import _build, _trace
 
     registry = _registry()
+    problems = _name_clashes(module, registry)
+    if problems:
+        raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(problems))
     recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=True)
     if not problems:
-        _build(module, "", registry, problems, recording)
+        try:
+            _build(module, "", registry, problems, recording)
+        except Exception as e:
+            raise ConversionError(f"to_source: building the model failed: {type(e).__name__}: {e}. {_BUG}") from e
     if problems:
         raise ConversionError("to_source: cannot convert the model:\n  " + "\n  ".join(problems))
     return _Writer(module, recording, registry).write()
+
+
+def _name_clashes(root, registry) -> list:
+    """A child, parameter or buffer of a module written as ``nn.Composite(forward, ...)`` named like
+    an argument of nn.Composite itself (``self.name = nn.Linear(...)``)."""
+    out = []
+    for path, m in root.named_modules():
+        base, row = _match(m, registry)
+        container = _container_base(m)
+        if (row is not None and type(m).forward is base.forward) or (
+                container is not None and type(m).forward is container.forward and not _own_tensors(m)):
+            continue  # a layer or a container: written as nn.Linear(...), nn.ModuleDict({...})
+        clash = [n for n in (*m._parameters, *m._buffers, *m._modules) if n in _COMPOSITE_ARGS]
+        if clash:
+            out.append(f"{path or '<root>'} ({type(m).__name__}): {', '.join(map(repr, clash))} is also an argument "
+                       f"of nn.Composite itself (name=, tied=, batch_axis=) and cannot name a child; rename the "
+                       f"attribute in the torch module (its state_dict keys change with it)")
+    return out
+
+
+_BUG = ("This is a bug in funcnet's to_source, not in the torch model: please report it with this message, the "
+        "traceback above it and the torch model's source (the smallest model that shows it). interop.convert("
+        "module, *example_inputs) does not write source and may still convert the model")

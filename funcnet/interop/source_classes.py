@@ -14,206 +14,51 @@ separate functions, with a comment saying so.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections import Counter
-
-import numpy as np
 
 from funcnet import nn
 from funcnet.interop.source_forward import RESERVED
 from funcnet.interop.source_modes import branch, masked, parameterized
-from funcnet.interop.source_text import literal
-
-_TUPLE_ARGS = {"kernel_size", "stride", "padding", "dilation", "output_padding", "output_size", "scale_factor",
-               "normalized_shape"}
-_NO_DEFAULT = object()
-
-
-@dataclasses.dataclass(frozen=True)
-class Leaf:
-    factory: str  # funcnet.nn.<factory>
-    args: tuple  # ((name, value), ...): the non-default arguments, in the factory's order
-
-    @staticmethod
-    def of(factory: str, kwargs: dict) -> Leaf:
-        params = inspect.signature(getattr(nn, factory)).parameters
-        items = []
-        for name, value in kwargs.items():
-            value = _compact(name, value)
-            if name == "dtype" and np.dtype(value) == np.float32:
-                continue
-            p = params.get(name)
-            if p is not None and p.default is not p.empty and _same(value, p.default):
-                continue
-            items.append((name, value))
-        order = list(params)
-        items.sort(key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))
-        return Leaf(factory, tuple(items))
-
-
-@dataclasses.dataclass(frozen=True)
-class Container:
-    kind: str  # nn.Sequential | nn.ModuleList | nn.ModuleDict
-    items: tuple  # ((name, spec), ...)
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    kind: str  # Parameter | Buffer
-    shape: tuple
-    dtype: str  # "" for the default float
-
-    @staticmethod
-    def of(kind: str, tensor) -> TensorSpec:
-        name = str(tensor.dtype).replace("torch.", "")
-        if name == "float32":
-            name = ""
-        elif name.startswith(("int", "uint")):
-            name = "int"
-        elif name == "bool":
-            name = "bool"
-        else:
-            name = f"jnp.{name}"
-        return TensorSpec(kind, tuple(int(s) for s in tensor.shape), name)
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    func: str
-    args: tuple  # ((name, value), ...): positional first (those without a default)
-    keywords: tuple  # names passed by keyword
-
-
-@dataclasses.dataclass(frozen=True)
-class Arg:
-    name: str
-
-
-def _compact(name: str, value):
-    """``(3, 3)`` as ``3`` where torch's constructor takes either (kernel_size, stride, ...)."""
-    if name in _TUPLE_ARGS and isinstance(value, tuple) and value and all(v == value[0] for v in value) \
-            and isinstance(value[0], (int, float)) and not isinstance(value[0], bool):
-        return value[0]
-    return value
-
-
-def _same(a, b) -> bool:
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:
-        return False
-
-
-def _is_literal(v) -> bool:
-    if isinstance(v, tuple):
-        return all(_is_literal(x) for x in v)
-    return v is None or isinstance(v, (bool, int, float, str, np.dtype))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Raw:
-    text: str
-
-
-def render(spec, col: int, width: int) -> str:
-    """A spec (or a value) as source starting at column ``col``, broken over lines to fit ``width``."""
-    if isinstance(spec, _Raw):
-        return spec.text
-    if isinstance(spec, Arg):
-        return spec.name
-    if isinstance(spec, Leaf):
-        params = inspect.signature(getattr(nn, spec.factory)).parameters
-        parts, positional = [], True
-        for name, value in spec.args:
-            p = params.get(name)
-            positional = positional and p is not None and (p.default is p.empty or not parts) and \
-                p.kind is p.POSITIONAL_OR_KEYWORD and list(params).index(name) == len(parts)
-            parts.append((None if positional else name, value))
-        return _call(f"nn.{spec.factory}", parts, col, width)
-    if isinstance(spec, Container):
-        if spec.kind == "nn.Sequential":
-            return _call("nn.Sequential", [(None, v) for _, v in spec.items], col, width)
-        if spec.kind == "NamedSequential" and all(n.isidentifier() for n, _ in spec.items):
-            return _call("NamedSequential", list(spec.items), col, width)
-        if spec.kind == "NamedSequential":
-            return _call("NamedSequential", [(None, _Raw("**" + render(_Dict(spec.items), 0, 10**9)))], col, width)
-        if spec.kind == "nn.ModuleList":
-            return _call("nn.ModuleList", [(None, _List([v for _, v in spec.items]))], col, width)
-        return _call("nn.ModuleDict", [(None, _Dict(spec.items))], col, width)
-    if isinstance(spec, TensorSpec):
-        shape = render(spec.shape, col, width) if not isinstance(spec.shape, Arg) else spec.shape.name
-        dtype = f", {spec.dtype}" if spec.dtype else ""
-        return f"nn.{spec.kind}(jnp.zeros({shape}{dtype}))"
-    if isinstance(spec, Call):
-        return _call(spec.func, [(n if n in spec.keywords else None, v) for n, v in spec.args], col, width)
-    if isinstance(spec, _List):
-        return _brackets("[", "]", [(None, v) for v in spec.items], col, width)
-    if isinstance(spec, _Dict):
-        return _brackets("{", "}", [(f"{k!r}: ", v) for k, v in spec.items], col, width, sep="")
-    if isinstance(spec, tuple) and any(isinstance(v, Arg) for v in spec):
-        return "(" + ", ".join(render(v, col, width) for v in spec) + ("," if len(spec) == 1 else "") + ")"
-    return literal(spec)
-
-
-@dataclasses.dataclass(frozen=True)
-class _List:
-    items: list
-
-
-@dataclasses.dataclass(frozen=True)
-class _Dict:
-    items: tuple
-
-
-def _call(head: str, parts: list, col: int, width: int) -> str:
-    return head + _brackets("(", ")", parts, col + len(head), width)
-
-
-def _brackets(open_: str, close: str, parts: list, col: int, width: int, sep: str = "=") -> str:
-    if not parts:
-        return open_ + close
-    flat = [(f"{k}{sep}" if k is not None else "") + render(v, 0, 10**9) for k, v in parts]
-    one = open_ + ", ".join(flat) + close
-    if col + len(one) <= width:
-        return one
-    inner = col + 1
-    lines, cur = [], open_
-    for (k, v), text in zip(parts, flat):
-        at = (col if not lines else inner) + len(cur)
-        if cur not in (open_, "") and at + len(text) + 1 > width:
-            lines.append(cur.rstrip())
-            cur, at = "", inner
-        if at + len(text) + 1 > width:
-            head = f"{k}{sep}" if k is not None else ""
-            text = head + render(v, at + len(head), width)
-        if "\n" in text:
-            lines.append(cur + text + ",")
-            cur = ""
-        else:
-            cur += text + ", "
-    if cur:
-        lines.append(cur[:-2] + close)
-    else:
-        lines[-1] = lines[-1][:-1] + close
-    return ("\n" + " " * inner).join(lines)
+from funcnet.interop.source_specs import (
+    _NO_DEFAULT,
+    Arg,
+    Call,
+    Container,
+    Later,
+    Leaf,
+    TensorSpec,
+    _call,
+    _has_later,
+    _is_literal,
+    _Dict,
+    _Raw,
+    _same,
+    keyword_parts,
+)
+from funcnet.interop.source_text import child_expr, literal
 
 
 class ClassWriter:
     """The function of each class, and the call that builds each instance."""
 
-    def __init__(self, specs: dict, classes: dict, order: list, width: int):
+    def __init__(self, specs: dict, classes: dict, order: list, width: int, names: dict):
         self.specs, self.classes, self.order, self.width = specs, classes, order, width
+        self.names = names  # id(module) -> its dotted path
+        self.where = None  # (path, class name) of the class being written, for error messages
         self.calls: dict = {}  # id(instance) -> Call
         self.texts: list = []  # function sources, children first
         self.done: set = set()
         self.used_names: set = set(RESERVED)
+        self.later: dict = {}  # id(instance) -> Later, for instances met inside their own class's function
 
     def resolve(self, spec):
         if isinstance(spec, tuple) and spec[:1] == ("instance",):
             if spec[1] not in self.calls:
                 cls = next(c for c, ms in self.classes.items() if any(id(m) == spec[1] for m in ms))
                 self.write_class(cls)
+            if spec[1] not in self.calls:  # its class is being written: a tree of that class
+                return self.later.setdefault(spec[1], Later(spec[1]))
             return self.calls[spec[1]]
         if isinstance(spec, Leaf):
             return Leaf(spec.factory, tuple((n, self.resolve(v)) for n, v in spec.args))
@@ -240,6 +85,7 @@ class ClassWriter:
             return
         self.done.add(cls)
         instances = self.classes[cls]
+        outer, self.where = self.where, (self.names.get(id(instances[0]), "?"), cls.__name__)
         kids = {id(m): tuple((n, self.resolve(v)) for n, v in self.specs[id(m)][0]) for m in instances}
         _pad_none_children(instances, kids)
         parts = _partition(instances, kids, self.specs)
@@ -250,6 +96,10 @@ class ClassWriter:
         for i, members in enumerate(parts):
             name = self._fresh(cls.__name__)
             self.texts.append((comment if i == 0 else "") + self._function(name, cls.__name__, members, kids))
+        for m in instances:
+            if id(m) in self.later:
+                self.later[id(m)].call = self.calls[id(m)]
+        self.where = outer  # kept where an error leaves, so that its message names the class
 
     def _function(self, name: str, torch_name: str, members: list, kids: dict) -> str:
         k = len(members)
@@ -271,6 +121,9 @@ class ClassWriter:
             return Arg(new)
 
         def unify(values: tuple, hint: str, default=_NO_DEFAULT):
+            if any(_has_later(v) for v in values):  # a subtree of this class: passed by the caller
+                return arg_for(values, hint, "child")
+            values = tuple(v.call if isinstance(v, Later) else v for v in values)
             first = values[0]
             if all(_same(v, first) or v == first for v in values):
                 return first
@@ -333,12 +186,10 @@ class ClassWriter:
         head = ", ".join(p if d is _NO_DEFAULT else f"{p}={literal(d)}" for p, d, _ in params)
         lines = [f"def {name}({head}):", f"    def forward({sig}):"]
         lines += ["        " + line for s in stmts for line in s]
-        children = [("forward", None)] + [(n, v) for n, v in template]
-        if name != torch_name:
-            children.insert(1, ("name", torch_name))
+        parts = [(None, _Raw("forward"))] + ([("name", torch_name)] if name != torch_name else [])
+        parts += keyword_parts(template)
         if any(m is getattr(self, "root", None) for m in members) and self.ties:
-            children.append(("tied", self.ties))
-        parts = [(None if n == "forward" else n, _Raw("forward") if n == "forward" else v) for n, v in children]
+            parts.append(("tied", _Dict(tuple(self.ties.items()))))
         lines += ["", "    return " + _call("nn.Composite", parts, 11, self.width)]
         return "\n".join(lines) + "\n"
 
@@ -426,7 +277,7 @@ def _branch_forms(members, forwards, template, arg_for, groups) -> list:
         none_form = next(f for f, m in zip(form, members)
                          if _kid_values(m, template, groups, members)[[n for n, _ in template].index(name)][1] is None)
         other = next(f for f in forms if f != none_form)
-        return branch(f"self.{name} is not None", first[other], first[none_form])
+        return branch(f"{child_expr(name)} is not None", first[other], first[none_form])
     attr = how[1]
     values = tuple(getattr(m, attr) for m in members)
     arg = arg_for(values, attr, "value")

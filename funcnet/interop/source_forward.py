@@ -23,7 +23,7 @@ from typing import Callable
 
 
 from funcnet.interop.graph import Graph, Ref, Slice, Training
-from funcnet.interop.source_text import atom, child_expr, index, literal
+from funcnet.interop.source_text import atom, child_expr, index, is_name, literal, own_expr
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 # names the generated module uses itself, and names ruff refuses (E741)
@@ -42,6 +42,7 @@ class Context:
     lists: dict  # dotted path of a ModuleList child -> its length
     stateful: set  # dotted child paths whose call changes state (kept even when the output is unused)
     constants: list  # module-level constants [(name, source)], shared by the whole file
+    positions: frozenset = frozenset()  # dotted paths of container entries named by their position ("h.0")
 
 
 def _refs(tree):
@@ -127,7 +128,9 @@ class _Body:
             if n in live and n not in inside:
                 self._emit(n)
         for name, tree in self.state.items():
-            self.stmts.append(([f"self.{name} = {self.expr(tree)}"], []))
+            value = self.expr(tree)
+            line = f"self.{name} = {value}" if is_name(name) else f"setattr(self, {name!r}, {value})"
+            self.stmts.append(([line], []))
         self.stmts.append(([f"return {self.expr(self.output, top=True)}"], []))
         return self._named()
 
@@ -183,7 +186,7 @@ class _Body:
                 return name
         if node.kind == "child":
             last = node.target.split(".")[-1]
-            return last if last.isidentifier() else "out"
+            return last if is_name(last) and last not in RESERVED else "out"
         if node.kind == "dim":
             return "size"
         short = str(node.target).rsplit(".", 1)[-1].strip("_")
@@ -201,7 +204,7 @@ class _Body:
             var = self._placeholder((n, ()), names.get(Ref(n)) or self._name_of(source) or "x")
             kw = "".join(f", {self.expr(v)}" for v in self.args[start][1:])
             kw += "".join(f", {k}={self.expr(v)}" for k, v in self.kwargs[start].items())
-            self.stmts.append(([f"{var} = {source}", f"for block in {child_expr(path)}:",
+            self.stmts.append(([f"{var} = {source}", f"for block in {child_expr(path, self.ctx.positions)}:",
                                 f"    {var} = block({var}{kw})"], [var]))
             return
         if not paths and node.kind == "child":
@@ -300,8 +303,9 @@ class _Body:
         if node.kind in ("param", "buffer"):
             *owner, leaf = node.target.split(".")
             if not owner:
-                return f"self.{leaf}"
-            return f"{child_expr('.'.join(owner))}.{'params' if node.kind == 'param' else 'state'}[{leaf!r}]"
+                return own_expr(leaf)
+            owner_text = child_expr(".".join(owner), self.ctx.positions)
+            return f"{owner_text}.{'params' if node.kind == 'param' else 'state'}[{leaf!r}]"
         if node.kind == "const":
             return literal(node.target, self.ctx)
         if node.kind == "dim":
@@ -309,7 +313,7 @@ class _Body:
             return f"{atom(a)} {_DIM_OPS[node.target]} {atom(b)}"
         if node.kind == "child":
             parts = [self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
-            return f"{child_expr(node.target)}({', '.join(parts)})"
+            return f"{child_expr(node.target, self.ctx.positions)}({', '.join(parts)})"
         op = self.ctx.lookup(node.target)
         if op is None:
             raise ValueError(f"to_source: {node.target} has no entry in the op table ({node.where})")

@@ -12,17 +12,30 @@ import numpy as np
 from funcnet.interop.ops._core import atom  # noqa: F401 (source_forward and source_modes import it here)
 
 
-def child_expr(path: str) -> str:
-    """``self.h[0].attn`` for the dotted path ``"h.0.attn"``."""
-    out = "self"
-    for part in path.split("."):
-        if part.isdigit():
+def child_expr(path: str, positions=frozenset()) -> str:
+    """``self.h[0].attn`` for the dotted path ``"h.0.attn"``: a name that is not an identifier is
+    ``getattr(self, "0")`` on ``self`` and ``self.layers["0"]`` below it, except an entry of a torch
+    container that is also its position (``positions``: those dotted paths), indexed as ``[0]``."""
+    parts = path.split(".")
+    out = own_expr(parts[0])
+    for k, part in enumerate(parts[1:], 2):
+        if part.isdigit() and ".".join(parts[:k]) in positions:
             out += f"[{part}]"
-        elif part.isidentifier() and not keyword.iskeyword(part):
+        elif is_name(part):
             out += f".{part}"
         else:
             out += f"[{part!r}]"
     return out
+
+
+def own_expr(name: str) -> str:
+    """``self.weight``, or ``getattr(self, "0")`` for a name that is not an identifier."""
+    return f"self.{name}" if is_name(name) else f"getattr(self, {name!r})"
+
+
+def is_name(part: str) -> bool:
+    """A name usable as ``self.<part>`` and as a keyword argument."""
+    return part.isidentifier() and not keyword.iskeyword(part)
 
 
 def index(text: str, path: tuple) -> str:

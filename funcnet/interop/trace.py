@@ -97,6 +97,7 @@ class Recorder:
                             frame.constants[(name, path)] = leaf
             frame.buffers_before = {n: b for n, b in module._buffers.items()
                                     if n not in module._non_persistent_buffers_set}
+        frame.call_args = _snapshot((tuple(args), dict(kwargs)))  # the child may append to a list it was given
         self.stack.append(frame)
 
     def _post(self, module, args, kwargs, output):
@@ -111,8 +112,10 @@ class Recorder:
                 self.problem(parent, f"calls a module that is not its own child ({type(module).__name__}); "
                                      f"make it an attribute of this module")
                 return output
-            ref = parent.add(Node("child", path, parent.arg(tuple(args)), parent.arg(dict(kwargs)),
+            args, kwargs = frame.call_args
+            ref = parent.add(Node("child", path, parent.arg(args), parent.arg(kwargs),
                                   where=user_line(self.skip)))
+            passed = {}  # inputs returned unchanged (nn.Identity): still the parent's own values
             for _, leaf in flatten_args((args, kwargs)):
                 if not _is_tensor(leaf):
                     continue
@@ -120,8 +123,11 @@ class Recorder:
                     parent.mark_aliases_stale(leaf, f"{path} (in place)")
                 elif _changed_inside(frame, leaf):
                     parent.stale[id(leaf)] = f"{path} (changed in place there)"
+                elif id(leaf) in parent.known:
+                    passed[id(leaf)] = parent.known[id(leaf)]
             parent.nodes[ref.node].structure = structure(output)
             parent.bind(output, ref)
+            parent.known.update(passed)
         return output
 
     def _finish(self, frame: Frame, module, output) -> None:
@@ -257,6 +263,15 @@ class _quiet:
     def __exit__(self, *exc):
         self.recorder.busy = self.before
         return False
+
+
+def _snapshot(value):
+    """The lists, tuples and dicts of an argument tree copied (their tensors are not)."""
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
 
 
 def _changed_inside(frame: Frame, tensor) -> bool:
