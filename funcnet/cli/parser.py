@@ -108,10 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify-records", action="store_true",
                    help="read every --stream record once before training: each size and label, and the SHA-256 "
                         "written with them (without it: the count, the first and last record's sizes)")
-    t.add_argument("--epochs", type=_positive_int, default=20)
-    t.add_argument("--batch-size", type=_positive_int, default=32)
-    t.add_argument("--lr", type=_learning_rate, default=1e-3)
-    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    t.add_argument("--epochs", type=_positive_int, default=20,
+                   help="passes over the training data (default %(default)s)")
+    t.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
+                   help="stop after N optimizer steps in all (across epochs, even inside one), then write the outputs "
+                        "and the checkpoint as at a normal end; --epochs still caps the run (default: no limit)")
+    t.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="examples per optimizer step, over all devices (default %(default)s)")
+    t.add_argument("--lr", type=_learning_rate, default=1e-3, help="learning rate (default %(default)s)")
+    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam", help="default %(default)s")
     t.add_argument("--model", choices=["mlp", "cnn", "gpt", "lstm"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
                         "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "

@@ -124,11 +124,13 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
             from funcnet.precision import Precision
 
             on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
+            if on_steps is not None and args.max_steps is not None:
+                every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
             hooks = Callback(on_epoch, on_steps if every else None, every)
             parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
             state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), batch_size=args.batch_size,
                                        precision=Precision(policy, loss_scale), callbacks=[hooks], **parallel,
-                                       **common, **resume_kwargs)
+                                       max_steps=args.max_steps, **common, **resume_kwargs)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
@@ -145,7 +147,10 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     arrays = state_dict(state.params, state.model_state, model=model)
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
     final = metrics["final"]
-    print(f"trained {args.epochs} epochs on {args.dataset} in {seconds:.1f} s: "
+    ran = f"{args.epochs} epochs"
+    if args.max_steps is not None and final and final["step"] >= args.max_steps:
+        ran = f"{final['step']} steps (--max-steps) in {final['epoch']} epoch{'s' if final['epoch'] > 1 else ''}"
+    print(f"trained {ran} on {args.dataset} in {seconds:.1f} s: "
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
@@ -337,5 +342,8 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+    if args.max_steps is not None and args.stream is not None:
+        raise UsageError(f"--max-steps {args.max_steps} is not supported with --stream yet; leave one of them out "
+                         f"(--epochs limits a streamed run)")
     _check_stream_flags(args)
     _check_out(args)
