@@ -73,6 +73,22 @@ def test_the_gpt_size_check_counts_the_parameters_the_model_has():
     assert memory.transformer_params(3, 48, vocab, 32) == n
 
 
+@pytest.mark.parametrize(("layers", "hidden", "seq", "batch"), [(2, 64, 32, 64), (1, 128, 16, 32)])
+def test_the_lstm_size_check_is_near_what_xla_allocates(layers, hidden, seq, batch):
+    # the oracle: XLA's buffer assignment for the compiled gradient of the LSTM's loss (nothing runs).
+    # The closed form counts tensors; XLA reuses some buffers and adds scratch, so the two agree to
+    # a small factor (seen 0.7-0.9), which is all a check refusing runs 10x too big needs
+    from funcnet import losses, memory
+    from funcnet.cli.sizes import lstm_activations
+
+    vocab = text.vocabulary().size
+    model = models.LSTMLM(vocab, hidden, hidden, layers, dropout=0.0, batch_first=True, return_hidden=False)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+    measured = memory.measure(jax.grad(lambda p, x: losses.cross_entropy(model.apply(p, x), x)), params, ids)
+    assert 0.5 < lstm_activations(layers, hidden, vocab, seq, batch) / measured.temps < 1.5
+
+
 @pytest.mark.parametrize("model", ["gpt", "lstm"])
 def test_out_of_memory_names_the_flags_of_the_model_in_use(tmp_path, capsys, monkeypatch, model):
     from funcnet import train
