@@ -110,11 +110,13 @@ def _steps_between(step_fn, state, x, y, indices, lo, hi):
 
 
 def _run_epoch_in_parts(run_steps, state, n_examples, batch_size, start: Position, every_steps, on_steps,
-                        get=lambda t: t, put=lambda t: t):
+                        get=lambda t: t, put=lambda t: t, until=None):
     # The same batches and keys as run_epoch, run in stretches that end on multiples of
     # every_steps, so on_steps can checkpoint mid-epoch and a resumed run can finish the epoch.
     # run_steps(state, indices, lo, hi) -> (state, per-step metrics of steps lo..hi-1); get/put
-    # move a placed (data-parallel) state's leaves to and from one local copy.
+    # move a placed (data-parallel) state's leaves to and from one local copy. until: stop after
+    # step `until` of the epoch (fit's max_steps); on_steps then also runs there, with the
+    # position a resumed run continues from.
     if start.perm_key is None:
         key, perm_key = jax.random.split(get(state.key))
         state, parts = state._replace(key=put(key)), []
@@ -125,14 +127,15 @@ def _run_epoch_in_parts(run_steps, state, n_examples, batch_size, start: Positio
     if done > len(indices):
         raise ValueError(f"fit: start.metrics holds {done} steps but an epoch has {len(indices)}; "
                          f"pass the Position saved by the same run")
-    while done < len(indices):
-        stop = len(indices)
+    end = len(indices) if until is None else min(until, len(indices))
+    while done < end:
+        stop = end
         if every_steps:
             stop = min(stop, done + every_steps - int(get(state.step)) % every_steps)
         state, rows = run_steps(state, indices, done, stop)
         parts.append(rows)
         done = stop
-        if on_steps is not None and done < len(indices) and int(get(state.step)) % every_steps == 0:
+        if on_steps is not None and done < len(indices) and (done == end or int(get(state.step)) % every_steps == 0):
             on_steps(get(state), Position(start.epoch, perm_key, _concat(parts)))
     # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
     return state, jax.tree.map(jnp.asarray, _concat(parts))

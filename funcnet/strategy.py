@@ -97,10 +97,11 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
         x_dev, y_dev = jnp.asarray(x), jnp.asarray(y)
         run_steps = _local_steps(step.raw, x_dev, y_dev)
 
-        def epoch(state, start, batch, every_steps, on_steps):
-            if every_steps is None and start.perm_key is None:
+        def epoch(state, start, batch, every_steps, on_steps, until=None):
+            if every_steps is None and start.perm_key is None and until is None:
                 return run_epoch(step, state, x_dev, y_dev, batch_size=batch)
-            return _run_epoch_in_parts(run_steps, state, len(x_dev), batch, start, every_steps, on_steps)
+            return _run_epoch_in_parts(run_steps, state, len(x_dev), batch, start, every_steps, on_steps,
+                                       until=until)
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
@@ -115,9 +116,9 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
     def run_steps(state, indices, lo, hi):
         return _parallel.steps_between(dp, state, indices, lo, hi, x=x_host, y=y_host)
 
-    def epoch(state, start, batch, every_steps, on_steps):
+    def epoch(state, start, batch, every_steps, on_steps, until=None):
         return _run_epoch_in_parts(run_steps, state, len(x_host), batch, start, every_steps, on_steps,
-                                   dp.get, dp.put_state)
+                                   dp.get, dp.put_state, until)
 
     return Runner(strategy, dp.n_devices, epoch, dp.put_state, dp.get)
 

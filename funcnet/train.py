@@ -105,13 +105,15 @@ class _EpochProgress:
     def __exit__(self, *exc):
         return self._bar.__exit__(*exc)
 
-    def advance(self, record: dict) -> None:
+    def advance(self, record: dict, steps: int | None = None) -> None:
+        """One epoch done; ``steps``: how many of its steps ran (default all; fewer when
+        ``fit``'s ``max_steps`` stopped it), shown as the step count it ended on."""
         desc = f"loss {record['train_loss']:.4f}"
         if "test_accuracy" in record:
             desc += f"  test acc {record['test_accuracy']:.4f}"
         if self.steps:
             self._last = f"  {desc}"
-            desc = f"step 0/{self.steps}{self._last}"
+            desc = f"step {self.steps if steps is None else steps}/{self.steps}{self._last}"
         self._bar.update(self._task, advance=1, description=desc)
 
 
@@ -158,7 +160,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
         metrics: Callable = default_metrics, accum_steps: int = 1,
         precision: Any = None, strategy: Any = None, devices: int | None = None, callbacks=(),
-        state: TrainState | None = None, start: Position | None = None,
+        state: TrainState | None = None, start: Position | None = None, max_steps: int | None = None,
         progress: bool = True, check_finite: bool = True, **deprecated):
     """Train up to epoch ``epochs``; ``(state, history)`` with one dict of metrics per epoch run.
 
@@ -180,6 +182,11 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     - To resume, pass the saved ``state`` and ``start=Position(...)`` saved with it
       (``callbacks.resume``): epochs ``start.epoch + 1 .. epochs`` then run exactly as in an
       uninterrupted run.
+    - ``max_steps``: stop once ``state.step`` (optimizer steps since the run began, across
+      epochs) reaches it, even inside an epoch (Lightning's ``max_steps``). The stopped epoch
+      still gets its record (the mean of the steps it ran, the test metrics); its callbacks'
+      ``on_steps`` run there instead of ``on_epoch``, with the ``Position`` a run resumed with a
+      larger ``max_steps`` continues from exactly.
     - ``check_finite``: inputs with NaN/Inf are refused before anything compiles, and a
       non-finite epoch loss or parameter raises ``guards.NonFiniteLossError`` naming the
       epoch, before any callback sees the record (a checkpoint keeps the last good state).
@@ -192,6 +199,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     precision, strategy, callbacks = _grouped(deprecated, precision, strategy, callbacks)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be a non-negative int, got {epochs!r}")
+    if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
+        raise ValueError(f"max_steps must be a positive int or None (no limit), got {max_steps!r}")
     callbacks = _callbacks.check(callbacks)
     policy, loss_scale = _precision.resolve_precision(precision)
     strategy = _strategy.resolve(strategy, devices)
@@ -217,19 +226,51 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     _check_label_range(model, state.params, state.model_state, {"train": train_data, "test": test_data})
     state = run.put(state)
     history = []
-    bar = _EpochProgress(progress, epochs, start.epoch, len(x_tr) // batch_size)
+    per_epoch = len(x_tr) // batch_size
+    bar = _EpochProgress(progress, epochs, start.epoch, per_epoch)
     if bar.steps:
         callbacks = (*callbacks, bar.callback())
     on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
+    steps_done = int(np.asarray(run.get(state.step))) if max_steps is not None else 0
     with bar:
         for epoch in range(start.epoch, epochs):
-            state, epoch_metrics = run.epoch(state, start, batch_size, every_steps, on_steps)
+            in_epoch = 0 if start.metrics is None else len(next(iter(start.metrics.values())))
+            until = None
+            if max_steps is not None and in_epoch + max_steps - steps_done < per_epoch:
+                until = in_epoch + max(0, max_steps - steps_done)
+                if until == 0:  # the limit was reached at the end of the last epoch
+                    break
+            state, epoch_metrics = run.epoch(state, start, batch_size, every_steps,
+                                             on_steps if until is None else _at_stop(callbacks, on_steps, max_steps),
+                                             until=until)
             start = Position(epoch + 1)
             local = run.get(state)
             record = _epoch_record(epoch + 1, local, epoch_metrics, model, test_data, loss_fn=loss_fn,
                                   metrics=metrics, check_finite=check_finite)
             history.append(record)
+            steps_done = record["step"]
+            if until is not None:  # stopped inside the epoch: the callbacks saw its position at the stop
+                bar.advance(record, len(next(iter(epoch_metrics.values()))))
+                break
             if on_epoch is not None:
                 on_epoch(local, record)
             bar.advance(record)
+            if max_steps is not None and steps_done >= max_steps:
+                break
     return run.get(state), history
+
+
+def _at_stop(callbacks, on_steps, max_steps):
+    """The ``on_steps`` of an epoch that ``max_steps`` ends early: at the stop every callback's
+    ``on_steps`` runs (a checkpoint of the position to resume from), elsewhere the usual ones."""
+
+    def call(state, position):
+        if int(state.step) < max_steps:
+            if on_steps is not None:
+                on_steps(state, position)
+            return
+        for cb in callbacks:
+            if cb.on_steps is not None:
+                cb.on_steps(state, position)
+
+    return call

@@ -1,4 +1,4 @@
-"""The ``funcnet`` command: ``funcnet train``, ``funcnet info``, ``funcnet memory``, ``funcnet port``.
+"""The ``funcnet`` command: ``funcnet train``, ``sample``, ``info``, ``memory``, ``port``.
 
 ``funcnet train`` trains an MLP on a bundled or local data set and writes
 ``OUT/metrics.json`` (no timings, so the same seed gives the same file),
@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
             train_command(args)
         elif args.command == "info":
             info_command(args)
+        elif args.command == "sample":
+            from funcnet.cli.sample import sample_command
+
+            sample_command(args)
     except NonFiniteLossError as e:
         print(f"{prog}: error: {_one_line(e)}{_kept(args)}", file=sys.stderr)
         return EXIT_NONFINITE

@@ -36,10 +36,10 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
         meta = checkpoint.read_metadata(directory, newest)
         _check_metadata(meta, checkpoint.checkpoint_path(directory, newest))
         changed = [_changed(k, meta["config"], config) for k in sorted(set(meta["config"]) | set(config))
-                   if k != "epochs" and _then(k, meta["config"]) != config.get(k)]
+                   if k not in ("epochs", "max_steps") and _then(k, meta["config"]) != config.get(k)]
         if changed:
             raise UsageError(f"--resume: the run in {directory} was started with " + ", ".join(changed)
-                             + "; pass the same flags (only --epochs may change) or use a new --checkpoint-dir")
+                             + "; pass the same flags (only --epochs and --max-steps may change) or use a new --checkpoint-dir")
         if meta.get("data_sha256", fingerprint) != fingerprint:
             raise UsageError(f"--resume: the {args.dataset} data changed since the run in {directory} was started "
                              f"(fingerprint {meta['data_sha256'][:12]}... then, {fingerprint[:12]}... now); resume "

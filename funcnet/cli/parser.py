@@ -49,6 +49,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value}")
+    return value
+
+
 LR_MIN = 1e-10
 
 
@@ -108,10 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--verify-records", action="store_true",
                    help="read every --stream record once before training: each size and label, and the SHA-256 "
                         "written with them (without it: the count, the first and last record's sizes)")
-    t.add_argument("--epochs", type=_positive_int, default=20)
-    t.add_argument("--batch-size", type=_positive_int, default=32)
-    t.add_argument("--lr", type=_learning_rate, default=1e-3)
-    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam")
+    t.add_argument("--epochs", type=_positive_int, default=20,
+                   help="passes over the training data (default %(default)s)")
+    t.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
+                   help="stop after N optimizer steps in all (across epochs, even inside one), then write the outputs "
+                        "and the checkpoint as at a normal end; --epochs still caps the run (default: no limit)")
+    t.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="examples per optimizer step, over all devices (default %(default)s)")
+    t.add_argument("--lr", type=_learning_rate, default=1e-3, help="learning rate (default %(default)s)")
+    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam", help="default %(default)s")
     t.add_argument("--model", choices=["mlp", "cnn", "gpt", "lstm"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
                         "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "
@@ -147,6 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "locked while the run lasts); default runs/train-MODEL (runs/train-mlp, runs/train-cnn, "
                         "runs/train-gpt), so runs of different models never replace each other")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("sample", help="print text from a GPT or LSTM that funcnet train --model gpt|lstm saved",
+                       description="Sample characters from the language model saved in RUN_DIR: the --out folder of "
+                                   "funcnet train --model gpt|lstm (metrics.json, params.npz) or its --checkpoint-dir "
+                                   "(the newest checkpoint).")
+    s.add_argument("run_dir", metavar="RUN_DIR", help="the run's --out folder or --checkpoint-dir")
+    s.add_argument("--prompt", default="", help="text to continue (default: none; starts after a newline)")
+    s.add_argument("--tokens", type=_positive_int, default=200, metavar="N",
+                   help="characters to sample (default %(default)s)")
+    s.add_argument("--temperature", type=_non_negative_float, default=0.8, metavar="T",
+                   help="divides the logits; 0 takes the likeliest character each time (greedy, deterministic) "
+                        "(default %(default)s)")
+    s.add_argument("--top-k", type=_positive_int, default=10, metavar="K",
+                   help="sample among the K likeliest characters (default %(default)s)")
+    s.add_argument("--seed", type=_seed, default=0, help="the sampling's seed (default %(default)s)")
 
     sub.add_parser("info", help="print both framework stacks on this machine")
     # parsed by funcnet.cli.memory.main; listed here so that `funcnet --help` shows it

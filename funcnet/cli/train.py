@@ -12,6 +12,7 @@ from funcnet.cli.checkpointing import _checkpointing
 from funcnet.cli.errors import UsageError
 from funcnet.cli.outputs import _check_out, _file_above, _Outputs, _probe_writable
 from funcnet.cli.signals import _Run
+from funcnet.cli.sizes import check_fits_in_memory, out_of_memory_is_one_line
 from funcnet.cli.stream import (
     _check_stream_flags,
     _records_in,
@@ -112,7 +113,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
 
     start = time.perf_counter()
     run.training = True
-    with _out_of_memory_is_one_line(args):
+    with out_of_memory_is_one_line(args):
         common = {"epochs": args.epochs, "key": jax.random.key(args.seed), "progress": not args.quiet}
         if stream is not None:
             from funcnet import loader
@@ -124,11 +125,13 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
             from funcnet.precision import Precision
 
             on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
+            if on_steps is not None and args.max_steps is not None:
+                every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
             hooks = Callback(on_epoch, on_steps if every else None, every)
             parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
             state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), batch_size=args.batch_size,
                                        precision=Precision(policy, loss_scale), callbacks=[hooks], **parallel,
-                                       **common, **resume_kwargs)
+                                       max_steps=args.max_steps, **common, **resume_kwargs)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
@@ -145,7 +148,10 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     arrays = state_dict(state.params, state.model_state, model=model)
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
     final = metrics["final"]
-    print(f"trained {args.epochs} epochs on {args.dataset} in {seconds:.1f} s: "
+    ran = f"{args.epochs} epochs"
+    if args.max_steps is not None and final and final["step"] >= args.max_steps:
+        ran = f"{final['step']} steps (--max-steps) in {final['epoch']} epoch{'s' if final['epoch'] > 1 else ''}"
+    print(f"trained {ran} on {args.dataset} in {seconds:.1f} s: "
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
@@ -169,24 +175,19 @@ def _sample(model, params, args) -> str:
 def _build_model(args, n_features: int, n_classes: int):
     """``(model, description for metrics.json)`` for --model: the MLP's layer sizes, or the
     ConvNet's or GPT's repr."""
-    from funcnet import gpt, models, nn
+    from funcnet import models, nn
 
-    if args.model == "gpt":
+    if args.model in _TEXT_MODELS:
         if args.hidden is not None:
-            raise UsageError("--hidden sets the MLP's layers; --model gpt takes --n-layer, --n-head, --n-embd")
-        model = gpt.build(n_classes, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                          remat=args.remat)
-        return model, model.name
-    if args.model == "lstm":
-        if args.hidden is not None:
-            raise UsageError("--hidden sets the MLP's layers; --model lstm takes --n-layer and --n-embd")
-        model = models.LSTMLM(n_classes, args.n_embd, args.n_embd, args.n_layer, dropout=0.0, batch_first=True,
-                              return_hidden=False)
+            takes = "--n-layer, --n-head, --n-embd" if args.model == "gpt" else "--n-layer and --n-embd"
+            raise UsageError(f"--hidden sets the MLP's layers; --model {args.model} takes {takes}")
+        model = text_model(args, n_classes)
+        check_fits_in_memory(args, model, vocab=n_classes)
         return model, model.name
     if args.model == "mlp":
         args.hidden = args.hidden or [128]
         sizes = [n_features, *args.hidden, n_classes]
-        _check_fits_in_memory(args, sizes)
+        check_fits_in_memory(args, sizes=sizes)
         return nn.MLP(sizes), sizes
     if args.hidden is not None:
         raise UsageError(f"--hidden {' '.join(map(str, args.hidden))} sets the MLP's layers; --model {args.model} "
@@ -197,6 +198,18 @@ def _build_model(args, n_features: int, n_classes: int):
                          f"--dataset {args.dataset} has {n_features} features per example: use --model mlp")
     model = models.ConvNet(n_classes, image=side)
     return model, model.name
+
+
+def text_model(args, vocab: int):
+    """The GPT or LSTM language model of ``args.model`` and its flags (``funcnet sample`` rebuilds
+    a saved run's from its metrics.json)."""
+    from funcnet import gpt, models
+
+    if args.model == "gpt":
+        return gpt.build(vocab, args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                         remat=args.remat)
+    return models.LSTMLM(vocab, args.n_embd, args.n_embd, args.n_layer, dropout=0.0, batch_first=True,
+                         return_hidden=False)
 
 
 def _check_data(args, train_data, test_data, n_classes) -> None:
@@ -222,41 +235,6 @@ def _check_backend() -> None:
         detail = " ".join(str(e).split()) or type(e).__name__
         raise UsageError(f"JAX could not start a backend (JAX_PLATFORMS={platforms!r}): {detail}; unset JAX_PLATFORMS "
                          f"or set JAX_PLATFORMS=cpu") from None
-
-
-def _check_fits_in_memory(args, sizes) -> None:
-    """Refuse, before anything is allocated, a model whose training step cannot fit in this
-    machine's memory (CPU); on an accelerator, an out-of-memory error at run time says the same."""
-    import jax
-
-    from funcnet import memory
-
-    if jax.default_backend() != "cpu":
-        return
-    try:
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return
-    est = memory.estimate(memory.mlp_params(sizes), args.optimizer, sizes=sizes, batch=args.batch_size,
-                          **memory.PRECISIONS[args.precision])
-    if est.total > available:
-        raise UsageError(f"--hidden {' '.join(map(str, sizes[1:-1]))} needs about {est.total / 1e9:.3g} GB for one "
-                         f"training step (params, gradients, optimizer state, activations; funcnet memory "
-                         f"--sizes {','.join(map(str, sizes))} --batch {args.batch_size}) but this machine has "
-                         f"{available / 1e9:.3g} GB; reduce --hidden or --batch-size")
-
-
-@contextlib.contextmanager
-def _out_of_memory_is_one_line(args):
-    try:
-        yield
-    except RuntimeError as e:  # jax.errors.JaxRuntimeError
-        text = str(e)
-        if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
-            raise
-        first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-        raise UsageError(f"out of memory while training ({first[:200]}); reduce --hidden or --batch-size, or "
-                         f"use --precision bf16 (funcnet memory estimates a step)") from None
 
 
 def _parallel_flags(args) -> None:
@@ -337,5 +315,8 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
+    if args.max_steps is not None and args.stream is not None:
+        raise UsageError(f"--max-steps {args.max_steps} is not supported with --stream yet; leave one of them out "
+                         f"(--epochs limits a streamed run)")
     _check_stream_flags(args)
     _check_out(args)

@@ -86,6 +86,8 @@ def _scan(mode, p, gx, carry, mask):
     step = _step(mode)
     inner = {k: v for k, v in p.items() if k in ("w_hh", "w_hr") or (k == "b_hh" and mode == "GRU")}
 
+    carry = _varying_as(carry, (inner, gx, mask))
+
     def body(carry, inputs):
         g, m = inputs
         new, h = step(inner, g, carry)
@@ -95,6 +97,23 @@ def _scan(mode, p, gx, carry, mask):
         return new, h
 
     return jax.lax.scan(body, carry, (gx, mask))
+
+
+def _varying_axes(a) -> frozenset:
+    """The shard_map mesh axes along which ``a`` differs between devices (empty outside shard_map)."""
+    aval = jax.typeof(a)
+    manual = getattr(aval, "manual_axis_type", None)  # JAX 0.10; earlier releases call it ``vma``
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()))
+
+
+def _varying_as(carry, inputs):
+    """``carry`` marked as varying along every mesh axis ``inputs`` vary along. Under shard_map a
+    scan's carry must keep its type, and the step's output varies wherever the batch or the
+    weights do: zeros (or an ``hx`` shared by all devices) would start as invariant and the scan
+    would be refused. Outside shard_map nothing varies and the carry is returned unchanged."""
+    axes = frozenset().union(*(_varying_axes(a) for a in jax.tree.leaves(inputs)))
+    return tuple(jax.lax.pcast(c, tuple(sorted(missing)), to="varying") if (missing := axes - _varying_axes(c))
+                 else c for c in carry)
 
 
 def _positive_int(value, arg, where, minimum=1):
