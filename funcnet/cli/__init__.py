@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: interrupted{_kept(args)}; --out is left as it was", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated as e:
-        print(f"{prog}: terminated by SIGTERM: {e}; --out is left as it was", file=sys.stderr)
+        left = "" if e.out_written else "; --out is left as it was"
+        print(f"{prog}: terminated by SIGTERM: {e}{left}", file=sys.stderr)
         return EXIT_TERMINATED
     return 0
 
