@@ -285,10 +285,11 @@ class Loader:
 
 
 def _worker_init(worker_index: int, worker_count: int) -> None:
-    # Ctrl-C reaches the whole process group, as may SIGTERM: leave both to the main process (torch's
-    # DataLoader workers do so with SIGINT), which stops the workers as its iteration unwinds. One
-    # that dies without unwinding (SIGKILL, OOM) cannot: each worker then exits by itself, so no
-    # orphan keeps reading, nor keeps multiprocessing's resource tracker alive.
+    # Ctrl-C reaches the whole process group, as may SIGTERM (a scheduler stopping the job): leave both
+    # to the main process, which stops the workers as its iteration unwinds (grain does so before
+    # multiprocessing's exit would SIGTERM them). A worker killed while writing a batch leaves half a
+    # message in its pipe, where the main process then waits forever. A main process that dies without
+    # unwinding (SIGKILL, OOM) cannot stop them: each worker then exits by itself.
     import signal
     import threading
 

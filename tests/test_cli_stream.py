@@ -231,7 +231,7 @@ def _ignores(pid, sig) -> bool:
 
 
 def _workers_ready(pid, count=2) -> bool:
-    # the workers started and past their set-up, which leaves SIGTERM and then SIGINT to the main process
+    # the workers started and past their set-up, which leaves SIGTERM, then SIGINT, to the main process
     workers = [p for p, command in _children(pid).items() if "spawn_main" in command]
     return len(workers) == count and all(_ignores(p, signal.SIGINT) for p in workers)
 
