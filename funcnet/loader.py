@@ -39,6 +39,7 @@ from funcnet.record_checks import check_meta
 __all__ = ["CropFlip", "Loader", "Records", "fit_stream", "write_records"]
 
 _META = "records.json"
+_NO_SHARED_MEMORY = 2**62  # grain's min_shm_size: no batch is that large
 
 
 def _grain():
@@ -268,8 +269,12 @@ class Loader:
         # Threads would fight the training step for the GIL; the parallelism is the workers'.
         it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         if self.workers:
+            # Batches come back through the workers' pipes, not shared memory: a segment held by a
+            # process that dies (SIGKILL, OOM) outlives it, and only the resource tracker frees it later.
+            it = grain.experimental.WithOptionsIterDataset(it, grain.experimental.DatasetOptions(
+                min_shm_size=_NO_SHARED_MEMORY))
             it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=self.workers, per_worker_buffer_size=2),
-                                worker_init_fn=_ignore_sigint)
+                                worker_init_fn=_worker_init)
         it = grain.experimental.device_put(it, jax.devices()[0], cpu_buffer_size=self.prefetch,
                                            device_buffer_size=self.prefetch)
         return _Closing(iter(it), self.records.directory)
@@ -279,13 +284,27 @@ class Loader:
                 f"workers={self.workers}, augment={self.augment!r})")
 
 
-def _ignore_sigint(worker_index: int, worker_count: int) -> None:
-    # Ctrl-C reaches the whole process group. As torch's DataLoader workers do, leave it to the
-    # main process, which stops the workers as its iteration unwinds: no traceback from each
-    # worker, no empty shared-memory segment left by a worker interrupted inside shm_open.
+def _worker_init(worker_index: int, worker_count: int) -> None:
+    # Ctrl-C reaches the whole process group, as may SIGTERM (a scheduler stopping the job): leave both
+    # to the main process, which stops the workers as its iteration unwinds (grain does so before
+    # multiprocessing's exit would SIGTERM them). A worker killed while writing a batch leaves half a
+    # message in its pipe, where the main process then waits forever. A main process that dies without
+    # unwinding (SIGKILL, OOM) cannot stop them: each worker then exits by itself.
     import signal
+    import threading
 
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, name="funcnet-exit-with-parent", daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()  # in a spawned worker: a pipe from the parent, at EOF once it died
+    if parent is not None:  # grain always spawns its workers
+        parent.join()
+        os._exit(1)
 
 
 class _Closing:

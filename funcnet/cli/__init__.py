@@ -22,7 +22,9 @@ Nothing the user had is lost:
 - SIGTERM: with ``--checkpoint-dir`` the run saves a checkpoint at the next epoch end
   (or ``--checkpoint-every`` boundary) and exits 143; ``--resume auto`` then continues
   bit for bit. Without one it exits 143 at once. Ctrl-C (SIGINT) exits 130 keeping the
-  last checkpoint. Either way ``--out`` is left as it was.
+  last checkpoint. Either way ``--out`` is left as it was (or, for a SIGTERM that came
+  once it was written, holds the run's complete outputs). A SIGTERM whose exception
+  Python swallowed (a gc callback, ``__del__``) still exits 143.
 
 Exit status: 0 done; 2 bad input or an I/O error (one line on stderr); 3 the loss became
 NaN/Inf; 130 interrupted (SIGINT); 143 terminated (SIGTERM).
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: interrupted{_kept(args)}; --out is left as it was", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Terminated as e:
-        print(f"{prog}: terminated by SIGTERM: {e}; --out is left as it was", file=sys.stderr)
+        left = "" if e.out_written else "; --out is left as it was"
+        print(f"{prog}: terminated by SIGTERM: {e}{left}", file=sys.stderr)
         return EXIT_TERMINATED
     return 0
 

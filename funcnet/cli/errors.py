@@ -12,7 +12,10 @@ class UsageError(ValueError):
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no ``except Exception`` swallows it."""
+    """SIGTERM arrived; a BaseException like KeyboardInterrupt, so no ``except Exception`` swallows it.
+    ``out_written``: it came after --out was written (otherwise --out is left as it was)."""
+
+    out_written = False
 
 
 def _one_line(e: BaseException) -> str:

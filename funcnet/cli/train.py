@@ -146,7 +146,9 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
               f"top {SAMPLE_TOP_K}, seed {args.seed}):\n{metrics['sample']}")
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
     arrays = state_dict(state.params, state.model_state, model=model)
+    run.check_pending()  # a SIGTERM whose exception was swallowed since: --out stays as it was
     outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
+    run.wrote_out = True
     final = metrics["final"]
     ran = f"{args.epochs} epochs"
     if args.max_steps is not None and final and final["step"] >= args.max_steps:
