@@ -44,8 +44,17 @@ from jax.sharding import PartitionSpec as P
 from funcnet import gpt as _gpt
 from funcnet import losses as _losses
 
-__all__ = ["KINDS", "Schedule", "schedule", "mesh", "split_params", "join_params", "check_config",
-           "make_value_and_grad", "make_step"]
+__all__ = [
+    "KINDS",
+    "Schedule",
+    "check_config",
+    "join_params",
+    "make_step",
+    "make_value_and_grad",
+    "mesh",
+    "schedule",
+    "split_params",
+]
 
 KINDS = ("gpipe", "1f1b")
 IDLE, FORWARD, BACKWARD = 0, 1, 2
@@ -208,7 +217,7 @@ def make_value_and_grad(config, mesh: Mesh, microbatches: int, kind: str = "1f1b
         mb, T = idx.shape[1], idx.shape[2]
         dtype = jax.tree.leaves(blocks)[0].dtype
         act = jnp.zeros((mb, T, config.n_embd), dtype)
-        zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)  # noqa: E731
+        zeros = lambda tree: jax.tree.map(jnp.zeros_like, tree)
 
         def idle(carry, m):
             return act, act, jnp.zeros((), dtype), zeros(rest), zeros(blocks)
