@@ -48,6 +48,7 @@ __all__ = [
     "KINDS",
     "Schedule",
     "check_config",
+    "from_orders",
     "join_params",
     "make_step",
     "make_value_and_grad",
@@ -131,7 +132,15 @@ def schedule(kind: str, stages: int, microbatches: int) -> Schedule:
     for name, n in (("stages", stages), ("microbatches", microbatches)):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"pipeline: {name} must be a positive int, got {n!r}")
-    orders = [_order(kind, stages, microbatches, s) for s in range(stages)]
+    return from_orders(kind, microbatches, [_order(kind, stages, microbatches, s) for s in range(stages)])
+
+
+def from_orders(kind: str, microbatches: int, orders: list) -> Schedule:
+    """The table of each stage's ``orders`` (lists of ``(FORWARD | BACKWARD, microbatch)``) laid
+    out tick by tick: an action runs at the first tick after what it needs (the previous
+    stage's forward, the next stage's backward, its own forward) and after the stage's
+    previous action. Refuses orders that never finish (a backward before its forward)."""
+    stages, orders = len(orders), [list(o) for o in orders]
     done = {}  # (action, stage, microbatch) -> tick
     ticks, t = [], 0
     while any(orders):
@@ -149,6 +158,9 @@ def schedule(kind: str, stages: int, microbatches: int) -> Schedule:
                     row.append((a, m))
                     continue
             row.append((IDLE, 0))
+        if all(a == IDLE for a, _ in row) and any(orders):
+            raise ValueError(f"pipeline: these orders never finish: stage(s) wait on actions that never come "
+                             f"({[o[0] for o in orders if o]}); each backward needs its forward first")
         ticks.append(row)
         t += 1
     return Schedule(kind, stages, microbatches, np.asarray(ticks, np.int32))
