@@ -48,7 +48,7 @@ def _batch(n, seed=0):
     return tuple(rng.integers(0, CFG.vocab_size, size=(n, CFG.block_size)).astype(np.int32) for _ in range(2))
 
 
-@pytest.mark.parametrize(("kind", "stages", "micro"), [("gpipe", 2, 4), ("1f1b", 4, 8)])
+@pytest.mark.parametrize(("kind", "stages", "micro"), [("1f1b", 4, 8)])  # GPipe: the steps test below
 def test_loss_and_gradients_equal_one_device_in_float64(kind, stages, micro):
     with jax.enable_x64(True):
         model = gpt.GPT(CFG, dtype=jnp.float64)
@@ -64,19 +64,19 @@ def test_loss_and_gradients_equal_one_device_in_float64(kind, stages, micro):
                      (want_rest, want_blocks))
 
 
-def test_steps_equal_one_device_adam_and_blocks_stay_split():
+def test_gpipe_steps_equal_one_device_adam_and_blocks_stay_split():
     tx = optax.adam(1e-2)
     with jax.enable_x64(True):
         model = gpt.GPT(CFG, dtype=jnp.float64)
         params = model.init(jax.random.key(5))
-        step = pp.make_step(CFG, tx, pp.mesh(2), 2, "1f1b")
+        step = pp.make_step(CFG, tx, pp.mesh(2), 2, "gpipe")
         split = step.place(pp.split_params(params))
         opt = tx.init(split)
         p, one_opt = params, tx.init(params)
         for seed in range(2):
             x, y = _batch(4, seed=10 + seed)
             split, opt, loss = step(split, opt, x, y)
-            want, g = jax.value_and_grad(lambda q: losses.cross_entropy(model.apply(q, x), y))(p)
+            want, g = jax.value_and_grad(lambda q, x, y: losses.cross_entropy(model.apply(q, x), y))(p, x, y)
             updates, one_opt = tx.update(g, one_opt, p)
             p = optax.apply_updates(p, updates)
             np.testing.assert_allclose(loss, want, rtol=1e-12)
