@@ -113,5 +113,7 @@ def test_bad_inputs_are_refused_naming_the_fix():
         pp.check_config(CFG, 2, 4, batch=6)
     with pytest.raises(ValueError, match="one of"):
         pp.schedule("zero-bubble", 2, 2)
+    with pytest.raises(ValueError, match="pipeline.mesh"):
+        pp.make_value_and_grad(CFG, jax.sharding.Mesh(jax.devices()[:2], ("data",)), 2)
     with pytest.raises(ValueError, match="device_count"):
         pp.mesh(len(jax.devices()) + 1)
