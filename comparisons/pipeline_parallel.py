@@ -5,9 +5,10 @@ the blocks; rank 1: the other half, the final LayerNorm and the head), wraps it 
 ``PipelineStage`` and runs ``ScheduleGPipe`` or ``Schedule1F1B`` over 4 microbatches; the
 tied embedding/head weight lives on both ranks, and its two gradients are summed with one
 ``all_reduce`` before Adam's step (pipelining leaves tied weights to the user). JAX:
-``funcnet.pipeline.make_step``: the blocks stacked and split over a ``pipe`` mesh axis, the
-schedule a table of F/B slots that one ``shard_map``-ed ``lax.scan`` runs tick by tick,
-``ppermute`` passing activations on and gradients back.
+``funcnet.pipeline.make_value_and_grad`` under optax's Adam (``pipeline.make_step``'s step):
+the blocks stacked and split over a ``pipe`` mesh axis, the schedule a table of F/B slots
+that one ``shard_map``-ed ``lax.scan`` runs tick by tick, ``ppermute`` passing activations
+on and gradients back.
 
 The same GPT from the same weights takes the same Adam steps on one device, in the JAX
 pipeline and in torch's, under both schedules: losses per step, first-step gradients and
@@ -165,16 +166,22 @@ def jax_pipeline(params, xs, ys, kinds=KINDS):
 
     mesh = pp.mesh(STAGES)
     for kind in kinds:
-        step = pp.make_step(cfg, tx, mesh, MICROBATCHES, kind)
-        split = step.place(pp.split_params(params))
-        opt = tx.init(split)
-        _, first = step.value_and_grad(*split, xs[0], ys[0])
-        run = {"losses": [], "grads": funcnet.state_dict(pp.join_params(*first, like=params))}
+        vg = pp.make_value_and_grad(cfg, mesh, MICROBATCHES, kind)
+
+        @jax.jit
+        def train_step(split, opt, x, y, vg=vg):  # pipeline.make_step's step, with the gradients kept to compare
+            loss, grads = vg(*split, x, y)
+            updates, opt = tx.update(grads, opt, split)
+            return optax.apply_updates(split, updates), opt, loss, grads
+
+        split = pp.split_params(params)
+        opt, run = tx.init(split), {"losses": []}
         for x, y in zip(xs, ys):
-            split, opt, loss = step(split, opt, x, y)
+            split, opt, loss, grads = train_step(split, opt, x, y)
             run["losses"].append(float(loss))
+            run.setdefault("grads", funcnet.state_dict(pp.join_params(*grads, like=params)))
         run["params"] = funcnet.state_dict(pp.join_params(*split, like=params))
-        s = step.schedule
+        s = vg.schedule
         run.update(table=s.table.tolist(), held=s.held, drawn=s.draw())
         out["runs"][kind] = run
     return out
