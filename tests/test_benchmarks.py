@@ -48,3 +48,16 @@ def test_loaded_runs_counts_every_run_and_fails_on_one_failure(tmp_path, capsys)
     assert status == 1
     assert [r["status"] for r in json.loads(out.read_text())["runs"]] == [0, 3, 0]
     assert "2/3 runs passed" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_pipeline_table_quick_run(tmp_path):
+    """benchmarks/pipeline.py --quick: the bubble counted in each table equals (P-1)/(M+P-1), and GPipe's
+    compiled temps grow by the held stage inputs while 1F1B's stay put (the script returns 1 otherwise)."""
+    out = tmp_path / "pipeline.json"
+    assert _script("pipeline").main(["--quick", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["stages"], r["microbatches"], r["schedule"]) for r in rows} == {
+        (2, m, k) for m in (2, 4) for k in ("gpipe", "1f1b")}
+    grown = {r["schedule"]: r["temps_growth"] for r in rows if r["microbatches"] == 4}
+    assert grown["gpipe"] == 2 * rows[0]["slot_bytes"] and grown["1f1b"] == 0
