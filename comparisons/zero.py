@@ -26,7 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, jax_in_child, source, torch_processes
+from comparisons._core import (
+    Options,
+    Result,
+    Side,
+    close,
+    equal,
+    expect,
+    jax_in_child,
+    source,
+    torch_processes,
+)
 
 __all__ = ["TITLE", "run"]
 
@@ -225,9 +235,10 @@ def run(opts: Options = Options()) -> Result:
                        *[f"{name}: loss {j[name]['losses'][0]:.6f} -> {j[name]['losses'][-1]:.6f}" for name in STAGES],
                        *rows])
     t_out = "\n".join([f"{WORLD} processes (gloo), batch {BATCH // WORLD} per rank",
-                       *[f"{name}: loss {r['losses'][0]:.6f} -> {r['losses'][-1]:.6f}" for name, r in t["runs"].items()],
-                       *[f"rank {i}: Adam state ZeroRedundancyOptimizer {r['zero1']:,} bytes, FSDP2 {r['fsdp2']:,} bytes"
-                         for i, r in enumerate(t["state_bytes"])]])
+                       *[f"{name}: loss {r['losses'][0]:.6f} -> {r['losses'][-1]:.6f}"
+                         for name, r in t["runs"].items()],
+                       *[f"rank {i}: Adam state ZeroRedundancyOptimizer {r['zero1']:,} bytes, FSDP2 "
+                         f"{r['fsdp2']:,} bytes" for i, r in enumerate(t["state_bytes"])]])
     notes = ("ZeroRedundancyOptimizer splits whole parameters between ranks (greedily by size), so its ranks hold "
              "unequal shares; funcnet splits each large array along one axis. XLA:CPU compiles stage 1 and 2 to the "
              "same collectives (an all-reduce of the gradients, then each device slicing its shard): stage 2's "

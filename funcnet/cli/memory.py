@@ -169,8 +169,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_zero_flags(args, given)
         except ValueError as e:
             parser.error(str(e))
-    elif args.layouts is not None or args.device_memory is not None or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) \
-            or args.reduce_in_place:
+    elif args.layouts is not None or args.device_memory is not None \
+            or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) or args.reduce_in_place:
         try:
             if not args.transformer:
                 raise ValueError("--dp/--fsdp/--tp/--sp/--reduce-in-place/--device-memory/--layouts need "
