@@ -3,9 +3,9 @@
 A training step holds four things: the parameters, their gradients, the
 optimizer state, and the activations the backward pass keeps. ``estimate``
 counts them in closed form from a parameter count, ``plan`` per device under a
-parallel layout (data x FSDP x tensor parallel) or ZeRO
-stage (``zero_per_device``), ``estimate_tree`` from a real
-params pytree and optax transformation, and ``measure`` reads XLA's buffer
+parallel layout (data x FSDP x tensor parallel), ``zero_per_device`` per device under a
+ZeRO stage, ``estimate_tree`` from a real params pytree and optax transformation, and
+``measure`` reads XLA's buffer
 assignment of a compiled function, so the figure is known before anything runs.
 
 torch counterpart: ``torch.cuda.max_memory_allocated()`` after a step (read at run
