@@ -12,6 +12,8 @@ the run on one up to float summation order.
   device's BatchNorm statistics (pmap only).
 - ``"fsdp"``: ``fsdp.make_fsdp_step``, params and optimizer state sharded (ZeRO-3;
   ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
+- ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
+  state (for 2 also the gradients the optimizer receives) sharded over the devices.
 - ``"tp"``: ``tensor_parallel.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
@@ -35,7 +37,7 @@ from funcnet.step import TrainState, make_step
 
 __all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
 
-STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "tp")
+STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp")
 _ALIASES = {"ddp": "shard_map"}  # Lightning's name for torch DDP
 
 
@@ -105,7 +107,7 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    if strategy.kind in ("fsdp", "tp"):
+    if strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
         dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
     else:
         dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
@@ -124,7 +126,7 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
 
 def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes, step_options):
-    """fsdp's or tp's step as a ``parallel.DataParallel``: the state placed with the step's
+    """fsdp's, zero's or tp's step as a ``parallel.DataParallel``: the state placed with the step's
     shardings, the batch split over the mesh's data axes, one local copy on the first device."""
     kind = strategy.kind
     if jax.process_count() > 1:
@@ -137,6 +139,12 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
     if kind == "fsdp":
         mesh = _fsdp.mesh(devices)
         step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=shapes, **step_options)
+    elif kind in ("zero1", "zero2"):
+        from funcnet import zero as _zero
+
+        step = _zero.make_zero_step(model, tx, loss_fn, _fsdp.mesh(devices), stage=int(kind[-1]), state=shapes,
+                                    **step_options)
+        mesh = step.mesh
     else:
         from funcnet import tensor_parallel as _tp
 

@@ -172,7 +172,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
       ``precision.Precision(policy, loss_scale)``; with a loss scale each record also
       gives ``skipped_steps`` and the last ``loss_scale``.
     - ``strategy`` / ``devices``: one device (default), or ``"pmap"``, ``"shard_map"``
-      (``"ddp"``), ``"sharding"``, ``"fsdp"`` on ``devices`` devices (all when None), or a
+      (``"ddp"``), ``"sharding"``, ``"fsdp"``, ``"zero1"``, ``"zero2"`` on ``devices`` devices (all when None), or a
       ``strategy.Strategy`` with its options (``buffers``, ``zero``). The same batches and
       keys whatever the strategy, so the same result as one device up to float summation
       order; callbacks and the returned state see one local copy.

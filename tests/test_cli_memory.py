@@ -125,3 +125,32 @@ def test_json_holds_the_library_figures(capsys):
     assert [g["total"] for g in got["layouts"]] == [ml.plan(SEVEN_B, lay).total for lay in lays]
     best = ml.smallest_fitting(8, SEVEN_B, 80 * 10**9, sp=(False, True), precision="bf16")
     assert got["smallest_fitting"]["layout"] == best.layout._asdict() and got["smallest_fitting"]["total"] == best.total
+
+
+@pytest.mark.parametrize("stage, paper_gb", [(1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_prints_the_zero_papers_first_figure(stage, paper_gb, capsys):
+    # Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, mixed-precision Adam (2 + 2 + K bytes, K = 12), Nd = 64
+    psi, k, nd = 7.5e9, 12, 64
+    closed = {1: 4 * psi + k * psi / nd, 2: 2 * psi + (2 + k) * psi / nd, 3: (2 + 2 + k) * psi / nd}[stage]
+    argv = ["--params", "7.5B", "--optimizer", "adam", "--precision", "bf16", "--zero", str(stage), "--dp", "64"]
+    assert memory_command.main(argv + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["per_device"]["total"] == pytest.approx(closed, rel=1e-12)
+    assert got["bytes"]["total"] == (2 + 2 + k) * psi
+    assert memory_command.main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"ZeRO-{stage} (Rajbhandari et al. 2020, Figure 1" in out
+    assert f"{paper_gb} GB per device, 120.0 GB without ZeRO" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--zero", "2"], "--zero 2 shards over the data-parallel devices: give their number, e.g. --dp 64"),
+    (["--zero", "1", "--dp", "0"], "--dp 0: expected a number of devices from 1 to"),
+    (["--zero", "2", "--dp", "8", "--fsdp", "2"], "--fsdp describes a dp x fsdp x tp layout instead"),
+    (["--zero", "3", "--dp", "8", "--tp", "2", "--layouts", "16"], "--tp --layouts describe a dp x fsdp x tp layout"),
+    (["--zero", "1", "--dp", "8", "--device-memory", "80GB"], "--device-memory describes"),
+    (["--zero", "4", "--dp", "8"], "argument --zero: invalid choice: 4"),
+])
+def test_zero_with_contradicting_flags_is_refused(flags, message, capsys):
+    err = refused(["--params", "7.5B"] + flags, capsys)
+    assert message in err, err

@@ -20,6 +20,7 @@ from funcnet.memory import (
     parse_count,
     transformer_activations,
     transformer_params,
+    zero_per_device,
 )
 from funcnet.memory.estimate import _sizes
 
@@ -95,6 +96,22 @@ def _check_layout_flags(args, given: dict) -> None:
                          f"{'them' if len(ignored) > 1 else 'it'} out")
 
 
+def _check_zero_flags(args, given: dict) -> None:
+    """``--zero`` shards one data-parallel replica's bytes over ``--dp``: the layout flags describe another plan."""
+    if not given["dp"]:
+        raise ValueError(f"--zero {args.zero} shards over the data-parallel devices: give their number, e.g. --dp 64")
+    if not 1 <= args.dp <= LAYOUTS_MAX:
+        raise ValueError(f"--dp {args.dp}: expected a number of devices from 1 to {LAYOUTS_MAX:,}")
+    other = [f"--{k}" for k in ("fsdp", "tp", "sp") if given[k]]
+    other += [f"--{k.replace('_', '-')}" for k in ("layouts", "device_memory") if getattr(args, k) is not None]
+    other += ["--reduce-in-place"] * args.reduce_in_place
+    if other:
+        raise ValueError(f"--zero {args.zero} plans --dp {args.dp} data-parallel devices that shard the state; "
+                         f"{' '.join(other)} {'describe' if len(other) > 1 else 'describes'} a dp x fsdp x tp layout "
+                         f"instead (--fsdp N is ZeRO-3 there): leave {'them' if len(other) > 1 else 'it'} out, or "
+                         f"drop --zero")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``funcnet memory``: print the estimate table; returns the exit status."""
     parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
@@ -132,6 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay.add_argument("--layouts", type=int, metavar="N",
                      help=f"list every dp x fsdp x tp layout of N devices (tp <= 8; N up to {LAYOUTS_MAX:,}), under "
                           f"--remat's policy if given (else each), and the smallest that fits")
+    z = parser.add_argument_group("ZeRO (Rajbhandari et al. 2020, Figure 1: per-device bytes of data parallelism)")
+    z.add_argument("--zero", type=int, choices=(1, 2, 3),
+                   help="shard over --dp devices the optimizer state and master copy (1), also the gradients (2), "
+                        "also the parameters (3): mixed-precision Adam's (2 + 2 + K) bytes per parameter, K = 12, "
+                        "become 2 + 2 + K/Nd, 2 + (2 + K)/Nd, (2 + 2 + K)/Nd")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as one JSON object (bytes, as the funcnet.memory functions return "
                              "them) instead of the tables")
@@ -142,8 +164,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     for k, default in (("dp", 1), ("fsdp", 1), ("tp", 1), ("activation_dtype", "bf16"), ("recompute", "none")):
         if getattr(args, k) is None:
             setattr(args, k, default)
-    if args.layouts is not None or args.device_memory is not None or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) \
-            or args.reduce_in_place:
+    if args.zero is not None:
+        try:
+            _check_zero_flags(args, given)
+        except ValueError as e:
+            parser.error(str(e))
+    elif args.layouts is not None or args.device_memory is not None \
+            or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) or args.reduce_in_place:
         try:
             if not args.transformer:
                 raise ValueError("--dp/--fsdp/--tp/--sp/--reduce-in-place/--device-memory/--layouts need "
@@ -200,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--batch must be a positive integer, got {args.batch}")
         kw = {} if sizes is None else {"sizes": sizes, "batch": args.batch}
         est = estimate(n, args.optimizer, activations=0 if sizes else act, **kw, **PRECISIONS[args.precision])
+        per_device = None if args.zero is None else zero_per_device(est, args.zero, args.dp)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     if args.json:
@@ -207,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if grid is not None:
             figures.update(counted_parameters=counted, activations={"bytes": act, "batch": grid[2], "seq": args.seq},
                            grid=[{"batch": b, "seq": s, "bytes": v} for b, s, v in grid[1]])
+        if per_device is not None:
+            figures.update(zero=args.zero, dp=args.dp, per_device=per_device.as_dict())
         print(json.dumps(figures, indent=2))
         return 0
     from funcnet.cli.memory_layout import wide_console
@@ -215,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = format_table(est, n_params=n, title=title)
     console = wide_console(table, *([] if grid is None else [grid[0]]))
     console.print(table)
+    if per_device is not None:
+        console.print(format_table(per_device, n_params=n, title=f"per device: ZeRO-{args.zero} over --dp {args.dp}"))
+        formula = {1: "2Ψ + 2Ψ + KΨ/Nd", 2: "2Ψ + (2 + K)Ψ/Nd", 3: "(2 + 2 + K)Ψ/Nd"}[args.zero]
+        console.print(f"ZeRO-{args.zero} (Rajbhandari et al. 2020, Figure 1: {formula}, Ψ parameters, K bytes of "
+                      f"optimizer state, Nd = {args.dp} devices): {per_device.total / 1e9:.1f} GB per device, "
+                      f"{est.total / 1e9:.1f} GB without ZeRO")
     if grid is not None:
         table, cells, batch, value_bytes = grid
         inside = [(b, s, v) for b, s, v in cells if 20e9 <= v <= 50e9]

@@ -3,8 +3,9 @@
 A training step holds four things: the parameters, their gradients, the
 optimizer state, and the activations the backward pass keeps. ``estimate``
 counts them in closed form from a parameter count, ``plan`` per device under a
-parallel layout (data x FSDP x tensor parallel), ``estimate_tree`` from a real
-params pytree and optax transformation, and ``measure`` reads XLA's buffer
+parallel layout (data x FSDP x tensor parallel), ``zero_per_device`` per device under a
+ZeRO stage, ``estimate_tree`` from a real params pytree and optax transformation, and
+``measure`` reads XLA's buffer
 assignment of a compiled function, so the figure is known before anything runs.
 
 torch counterpart: ``torch.cuda.max_memory_allocated()`` after a step (read at run
@@ -22,6 +23,7 @@ from funcnet.memory.estimate import (
                                      mlp_activations,
                                      mlp_params,
                                      parse_count,
+                                     zero_per_device,
 )
 from funcnet.memory.layout import Layout, Plan, Shape, plan
 from funcnet.memory.measure import (
@@ -42,4 +44,5 @@ __all__ = [
     "Estimate", "Measured", "OPTIMIZER_SLOTS", "PRECISIONS", "parse_count", "dtype_bytes", "tree_bytes",
     "mlp_params", "mlp_activations", "transformer_params", "transformer_activations", "RECOMPUTE",
     "estimate", "estimate_tree", "measure", "compile_to_read", "format_table", "Shape", "Layout", "Plan", "plan",
+    "zero_per_device",
 ]  # fmt: skip
