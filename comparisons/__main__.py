@@ -32,7 +32,7 @@ from comparisons._terminal import print_result, print_summary  # noqa: F401 (the
 ORDER = [
     "tensors", "autograd", "autograd_from_scratch", "dynamic_graph", "modules", "buffers", "two_layer_net",
     "training_loop", "mixed_precision", "data_parallel", "memory", "performance", "paradigms", "gpt", "recurrent",
-    "convert", "activation_checkpointing", "fsdp", "tensor_parallel", "pipeline_parallel",
+    "convert", "activation_checkpointing", "fsdp", "zero", "tensor_parallel", "pipeline_parallel",
 ]
 # The comparisons whose float64 mode is part of the contract (agreement to ~1e-10).
 FLOAT64_DEFAULT = ["autograd", "training_loop"]
