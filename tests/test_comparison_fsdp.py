@@ -18,7 +18,8 @@ def test_fsdp_comparison_passes():
     _readme_table_matches(result)
 
 
-# slow: a second full run (torch FSDP2 in 2 gloo processes and the JAX programs, ~25-40 s); the default run checks the unperturbed one
+# slow: a second full run (torch FSDP2 in 2 gloo processes and the JAX programs, ~25-40 s); the
+# default run checks the unperturbed one
 @pytest.mark.slow
 def test_a_perturbed_jax_weight_fails_the_torch_checks_only():
     result = fsdp.run(Options(perturb=1e-2), devices=(1, 2), zeros=(0, 3))

@@ -26,7 +26,8 @@ def test_tensor_parallel_comparison_passes():
     assert "max |diff|" in torch_line.detail
 
 
-# slow: a second full run (torch DTensor in 2 gloo processes and the JAX meshes, ~15-30 s); the default run checks the unperturbed one
+# slow: a second full run (torch DTensor in 2 gloo processes and the JAX meshes, ~15-30 s); the
+# default run checks the unperturbed one
 @pytest.mark.slow
 def test_a_perturbed_jax_weight_fails_the_torch_checks_only():
     result = tensor_parallel.run(Options(perturb=1e-2), meshes={"TP 2": (1, 1, 2)})

@@ -19,13 +19,15 @@ def _one(pattern: str) -> re.Match:
 
 def test_the_tracer_measurement_covers_the_whole_zoo():
     stated = _one(r"\(`python benchmarks/tracers\.py`, (\d+) models of tests/convert_zoo\.py\)")
-    assert int(stated[1]) == len(ZOO), f"docs/design.md says {stated[1]} zoo models, tests/convert_zoo.py has {len(ZOO)}"
+    assert int(stated[1]) == len(ZOO), (
+        f"docs/design.md says {stated[1]} zoo models, tests/convert_zoo.py has {len(ZOO)}")
     table = DESIGN[stated.end():].split("\n\n", 2)[1]
     fractions = re.findall(r"\| (\d+)/(\d+) \|", table)
     assert len(fractions) == 3, table
     for traced, total in fractions:
         assert int(total) == len(ZOO) and int(traced) <= len(ZOO), (
-            f"the tracer table says {traced}/{total}; the zoo has {len(ZOO)} models: rerun python benchmarks/tracers.py")
+            f"the tracer table says {traced}/{total}; the zoo has {len(ZOO)} models: "
+            "rerun python benchmarks/tracers.py")
 
 
 def test_the_optimizer_table_row_count():
