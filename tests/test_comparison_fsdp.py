@@ -1,11 +1,13 @@
 """comparisons.fsdp on 1 and 2 devices (the full 1/2/4/8 table runs in `python -m comparisons fsdp`):
 torch FSDP2 in 2 gloo processes, ZeRO-3 equal to one device and to torch."""
 
+import pytest
+
 from comparisons import fsdp
 from comparisons._core import Options
 
 
-def test_fsdp_comparison_passes_and_a_perturbed_weight_fails():
+def test_fsdp_comparison_passes():
     result = fsdp.run(Options(), devices=(1, 2), zeros=(0, 3))
     assert result.ok, [(c.name, c.detail) for c in result.checks if not c.ok]
     names = [c.name for c in result.checks]
@@ -14,6 +16,20 @@ def test_fsdp_comparison_passes_and_a_perturbed_weight_fails():
     torch_line = next(c for c in result.checks if c.name.startswith("final params: JAX ZeRO-3 == torch"))
     assert "max |diff|" in torch_line.detail
     _readme_table_matches(result)
+
+
+# slow: a second full run (torch FSDP2 in 2 gloo processes and the JAX programs, ~25-40 s); the
+# default run checks the unperturbed one
+@pytest.mark.slow
+def test_a_perturbed_jax_weight_fails_the_torch_checks_only():
+    result = fsdp.run(Options(perturb=1e-2), devices=(1, 2), zeros=(0, 3))
+    failed = {c.name for c in result.checks if not c.ok}
+    assert {"losses per step: JAX ZeRO-3 (2 devices) == torch fully_shard (2 processes)",
+            "final params: JAX ZeRO-3 == torch FSDP2 (full_tensor)"} <= failed, failed
+    # the perturbation is on the JAX side's initial weights, so 2 devices' losses still equal one device's (the
+    # final params may not: Adam's first steps are lr x sign of near-zero gradients, which the new weights move)
+    assert "ZeRO-3 on 2 devices: losses == one device" not in failed
+    assert not result.ok
 
 
 def _readme_table_matches(result):

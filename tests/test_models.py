@@ -75,8 +75,18 @@ def test_cnn_trains_with_fit_and_eval_uses_running_stats(digits):
                                  batch_size=32, key=jax.random.key(0), progress=False)
     assert history[-1]["train_loss"] < history[0]["train_loss"] and history[-1]["test_accuracy"] > 0.5
     assert int(state.model_state["bn1"]["num_batches_tracked"]) == 2 * (512 // 32)
-    # eval mode: same logits as normalizing with the running statistics by hand
-    out, same = nn.call(model, state.params, state.model_state, jnp.asarray(xt[:8]), train=False)
+    # eval mode uses the running statistics and leaves them as they are
+    _, same = nn.call(model, state.params, state.model_state, jnp.asarray(xt[:8]), train=False)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(jnp.all(a == b)), same, state.model_state))
-    scores = train.evaluate(model, state.params, xt, yt, state=state.model_state)
-    assert scores["accuracy"] == pytest.approx(history[-1]["test_accuracy"])
+    # evaluate (which fit's history also calls) against the test set scored here from the final weights:
+    # eval-mode logits, then accuracy and mean cross entropy in float64 numpy
+    logits = np.asarray(nn.call(model, state.params, state.model_state, jnp.asarray(xt), train=False)[0], np.float64)
+    log_p = logits - logits.max(1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(1, keepdims=True))
+    accuracy, loss = np.mean(logits.argmax(1) == yt), -np.mean(log_p[np.arange(len(yt)), yt])
+    for batch_size in (None, 100):  # one batch, and batches with a short last one
+        scores = train.evaluate(model, state.params, xt, yt, state=state.model_state, batch_size=batch_size)
+        assert scores["accuracy"] == accuracy
+        # float32 log-softmax over 10 classes (a few eps of the largest logit) averaged over the test set
+        assert scores["loss"] == pytest.approx(loss, rel=1e-5, abs=1e-5 * np.abs(logits).max())
+    assert history[-1]["test_accuracy"] == accuracy

@@ -5,9 +5,8 @@ ratios and align_corners against torch.nn.functional.interpolate; torch's repr; 
 
 These layers have no params, no state and no train/eval difference, so each row runs twice:
 train mode in float32 and eval mode in float64 (both modes, both dtypes, half the compiles).
-Tolerances are check_layer's, except bicubic in float32 (atol 1e-5): torch's own float32
-bicubic is ~5e-7 per axis away from the float64 value (a 4-tap sum with weights above 1
-and below 0 cancels), and ours rounds differently.
+Tolerances are check_layer's: bicubic's 4-tap sums with weights above 1 and below 0 cancel,
+which its magnitude of the terms accounts for.
 """
 
 import jax
@@ -55,17 +54,13 @@ def _pair(row):
     return getattr(nn, cls)(*args, **kwargs), getattr(torch.nn, cls)(*args, **kwargs)
 
 
-def _tolerance(row, dtype):
-    return dict(atol=1e-5) if dtype == "float32" and "bicubic" in row[0] else {}
-
-
 @pytest.mark.parametrize("train,dtype", MODES)
 @pytest.mark.parametrize("row", TABLE, ids=IDS)
 def test_resampling_equals_torch(row, train, dtype):
     x = np.random.default_rng(0).standard_normal(row[-1])
     with jax.enable_x64(dtype == "float64"):
         ours, theirs = _pair(row)
-        check_layer(ours, theirs, [x], train=train, dtype=dtype, **_tolerance(row, dtype))
+        check_layer(ours, theirs, [x], train=train, dtype=dtype)
 
 
 @pytest.mark.parametrize("row", TABLE, ids=IDS)
@@ -99,8 +94,7 @@ def test_interpolate_antialias_equals_torch(kwargs, train, dtype):
     ours = nn.Module(_no_params, lambda params, v, key=None, train=False: F.interpolate(v, antialias=True, **kwargs))
     theirs = _TorchFunction(lambda v: torch.nn.functional.interpolate(v, antialias=True, **kwargs))
     with jax.enable_x64(dtype == "float64"):
-        check_layer(ours, theirs, [x], train=train, dtype=dtype,
-                    **({"atol": 1e-5} if dtype == "float32" and kwargs["mode"] == "bicubic" else {}))
+        check_layer(ours, theirs, [x], train=train, dtype=dtype)
 
 
 def _apply_plan(x, steps):
