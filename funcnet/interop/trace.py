@@ -18,6 +18,7 @@ import dataclasses
 import inspect
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from funcnet.interop.frame import Dim, Frame, user_line
@@ -36,11 +37,14 @@ class Recording:
 
 
 def flatten_args(value, path=()):
-    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts)."""
+    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
     if isinstance(value, (tuple, list)):
         return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value)
+                for item in flatten_args(getattr(value, f.name), path + (f.name,))]
     return [(path, value)]
 
 
@@ -55,6 +59,7 @@ class Recorder:
         self.busy = False
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
+        self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
         self.skip = (_FUNCNET_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
 
     def problem(self, frame: Frame, message: str, op: str = "") -> None:
@@ -62,6 +67,15 @@ class Recorder:
         entry = (path, op, user_line(self.skip), message)
         if entry not in self.rec.problems:
             self.rec.problems.append(entry)
+
+    def note(self, value) -> None:
+        """Remember the tensors of a torch call's output: computed here, never a constant."""
+        for _, leaf in flatten_args(value):
+            if _is_tensor(leaf):
+                self.produced[id(leaf)] = leaf
+
+    def computed(self, tensor) -> bool:
+        return self.produced.get(id(tensor)) is tensor
 
     # ---- module calls
     def pre(self, module, args, kwargs):
@@ -151,7 +165,18 @@ class Recorder:
         where = user_line(self.skip)
         if short in self.refused or name in self.refused:
             self.problem(frame, self.refused.get(name, self.refused.get(short)), name or short)
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            with _quiet(self):  # linked to its call (already refused), so not reported again where it is used
+                frame.bind(out, frame.add(Node("op", name or short, where=where)))
+            return out
+        if name in _CHECKS:  # torch._assert(H == self.size, ...): a static check, run now and left out of the graph
+            with _quiet(self):
+                try:
+                    func(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - the model's own check, whatever it raises
+                    self.problem(frame, f"the model's own check fails on the example inputs: {type(e).__name__}: "
+                                        f"{e}; convert with inputs the model accepts", name)
+            return None
         refusal = _data_dependent_index(name, args)
         if refusal:
             self.problem(frame, self.refused.get(refusal, "with one argument its output shape depends on the data; "
@@ -172,10 +197,12 @@ class Recorder:
         op = self.lookup(name) if name else None
         if op is None:
             self.problem(frame, "no JAX form in funcnet.interop.ops (the op table)", name or short)
-        ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
-                             no_grad=not grad, where=where, structure=structure(out)))
         mutates = tuple(getattr(op, "mutates", ()) or ())
         inplace = _in_place(name or short)
+        if not mutates and not inplace and args and out is args[0] and _is_tensor(out):
+            return out  # x.to(its own dtype), x.contiguous(), x.float() of a float: x itself, not a change of x
+        ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
+                             no_grad=not grad, where=where, structure=structure(out)))
         if mutates:
             from funcnet.interop.ops import mutated_places
 
@@ -225,8 +252,13 @@ class Recorder:
 # torch's own bookkeeping that reaches the mode: grad mode (no_grad is read per op instead)
 _PASS = {"_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"}
 
+# torch's static checks: evaluated while tracing (a failing one is the model's own error), never replayed
+_CHECKS = {"torch._assert", "torch._check", "torch._check_is_size", "torch._check_index", "torch._check_value",
+           "torch._check_type", "torch._check_not_implemented", "torch._check_with", "torch._check_tensor_all"}
+
 _FACTS = {f"Tensor.{n}" for n in (
-    "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
+    "is_xpu", "is_mps", "is_cpu", "is_ipu", "is_hpu", "is_mkldnn", "is_vulkan", "is_maia", "is_mtia", "is_xla",
+    "is_sparse_csr", "is_inference", "is_signed", "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
     "is_sparse", "is_leaf", "get_device", "__repr__", "__str__", "__format__", "is_contiguous", "stride",
     "data_ptr", "element_size", "is_meta", "is_quantized", "is_nested", "names")}
 
@@ -277,16 +309,45 @@ def _in_place(name: str) -> bool:
                                                                           "__iter__"))
 
 
+def _raised(recorder: Recorder, mode: str, error: Exception) -> Exception:
+    """The ``ConversionError`` for an exception raised while the forward ran: the model's own (its
+    module path, mode and line, and what to do), or the recorder's (a funcnet bug, to report)."""
+    from funcnet.interop.registry import ConversionError
+
+    if isinstance(error, ConversionError):
+        return error
+    frame = recorder.stack[-1] if recorder.stack else None
+    path = (recorder.rec.names.get(id(frame.module), "?") or "<root>") if frame is not None else "<root>"
+    tb, innermost, user = error.__traceback__, None, "?"
+    while tb is not None:
+        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        innermost = name
+        if not name.startswith(recorder.skip) and "<frozen" not in name:
+            user = f"{name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    what = f"{type(error).__name__}: {error}"
+    if innermost is not None and innermost.startswith(_FUNCNET_DIR):
+        return ConversionError(f"convert: internal error while tracing {path} in {mode} mode ({user}): {what}. This "
+                               f"is a funcnet bug: please report it with this message and the model's code")
+    hint = (" ; if only inference is wanted, convert(module, x, train=False) traces eval mode alone"
+            if mode == "train" else "")
+    before = "".join(f"\n  {p}: {op + ': ' if op else ''}{message} ({where})"
+                     for p, op, where, message in recorder.rec.problems)
+    return ConversionError(f"convert: the torch forward raised {what} while tracing {path} in {mode} mode "
+                           f"({user}){hint}{before}")
+
+
 def _signature(module) -> inspect.Signature:
     return inspect.signature(module.forward)
 
 
 def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_container, lookup, canonical,
-           refused, names: bool = True) -> Recording:
+           refused, names: bool = True, modes: tuple = ("train", "eval")) -> Recording:
     """Run ``root`` in train and in eval mode under the recorder; the module's parameters,
     buffers, mode and torch's random state are as before afterwards. ``names``: trace the
     user's code line by line for their variable names (``to_source`` writes them; replay
-    does not need them)."""
+    does not need them). ``modes``: ``("eval",)`` records eval mode alone. An exception the
+    forward raises becomes a ``ConversionError`` naming the module, the mode and the line."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -304,7 +365,10 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
                         "Tensor.__index__", "Tensor.numpy"):
                 recorder.data_dependent(name)
                 return func(*args, **kwargs)
-            return recorder.call(func, args, kwargs)
+            out = recorder.call(func, args, kwargs)
+            with _quiet(recorder):
+                recorder.note(out)
+            return out
 
     hooks = []
     for m in {id(m): m for m in root.modules()}.values():
@@ -326,13 +390,15 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
 
     previous = sys.gettrace()
     try:
-        for mode in ("train", "eval"):
+        for mode in modes:
             recorder.mode = mode
             root.train(mode == "train")
             sys.settrace(calls if names else previous)
             try:
                 with Mode():
                     root(*example_args, **example_kwargs)
+            except Exception as e:
+                raise _raised(recorder, mode, e) from e
             finally:
                 sys.settrace(previous)
             torch.set_rng_state(rng)
