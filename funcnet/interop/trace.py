@@ -68,10 +68,12 @@ class Recorder:
         if entry not in self.rec.problems:
             self.rec.problems.append(entry)
 
-    def note(self, value) -> None:
-        """Remember the tensors of a torch call's output: computed here, never a constant."""
+    def note(self, value, args) -> None:
+        """Remember the tensors of a torch call's output, computed here and never a constant; an
+        argument returned as it is (``buffer.to(its dtype)``) is not made by the call."""
+        given = {id(leaf) for _, leaf in flatten_args(args)}
         for _, leaf in flatten_args(value):
-            if _is_tensor(leaf):
+            if _is_tensor(leaf) and id(leaf) not in given:
                 self.produced[id(leaf)] = leaf
 
     def computed(self, tensor) -> bool:
@@ -258,7 +260,8 @@ _CHECKS = {"torch._assert", "torch._check", "torch._check_is_size", "torch._chec
 
 _FACTS = {f"Tensor.{n}" for n in (
     "is_xpu", "is_mps", "is_cpu", "is_ipu", "is_hpu", "is_mkldnn", "is_vulkan", "is_maia", "is_mtia", "is_xla",
-    "is_sparse_csr", "is_inference", "is_signed", "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
+    "is_sparse_csr", "is_inference", "is_signed", "dtype", "device", "is_cuda", "requires_grad", "grad_fn",
+    "is_floating_point", "is_complex", "layout",
     "is_sparse", "is_leaf", "get_device", "__repr__", "__str__", "__format__", "is_contiguous", "stride",
     "data_ptr", "element_size", "is_meta", "is_quantized", "is_nested", "names")}
 
@@ -307,6 +310,17 @@ def _in_place(name: str) -> bool:
     return (short.endswith("_") and not short.startswith("__")) or (
         short.startswith("__i") and short.endswith("__") and short not in ("__index__", "__int__", "__invert__",
                                                                           "__iter__"))
+
+
+# What torch.compiler.is_compiling() answers while recording: True, as under torch.compile, so that
+# libraries take their traceable path (transformers skips its mask shortcuts that read the mask's
+# values). Measured on the zoo and transformers' models (docs/design.md); FUNCNET_TRACE_COMPILING=0
+# answers False, for comparing the two.
+_ANSWER_COMPILING = os.environ.get("FUNCNET_TRACE_COMPILING", "1") != "0"
+
+
+def _compiling() -> bool:
+    return True
 
 
 def _raised(recorder: Recorder, mode: str, error: Exception) -> Exception:
@@ -367,7 +381,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
                 return func(*args, **kwargs)
             out = recorder.call(func, args, kwargs)
             with _quiet(recorder):
-                recorder.note(out)
+                recorder.note(out, (args, kwargs))
             return out
 
     hooks = []
@@ -389,6 +403,9 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         return local if event == "call" and not name.startswith(recorder.skip) and "<frozen" not in name else None
 
     previous = sys.gettrace()
+    is_compiling = torch.compiler.is_compiling
+    if _ANSWER_COMPILING:  # libraries then skip their branches on tensor values (docs/design.md)
+        torch.compiler.is_compiling = _compiling
     try:
         for mode in modes:
             recorder.mode = mode
@@ -403,6 +420,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
                 sys.settrace(previous)
             torch.set_rng_state(rng)
     finally:
+        torch.compiler.is_compiling = is_compiling
         for h in hooks:
             h.remove()
         with torch.no_grad():
