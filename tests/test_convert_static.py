@@ -151,3 +151,21 @@ def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
     monkeypatch.setattr(trace, "structure", modules._get)
     with pytest.raises(ConversionError, match=r"internal error .*TypeError.*funcnet bug: please report it"):
         interop.convert(UsesInputAfter(), torch.randn(2, 4))
+
+
+class Vectorized(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = tnn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.vmap(lambda row: row * row.sum())(self.lin(x))
+
+
+def test_torch_vmap_in_a_forward_is_refused_with_its_line_not_crashed_on():
+    with pytest.raises(ConversionError) as info:
+        interop.convert(Vectorized(), torch.randn(2, 4))
+    message = str(info.value)
+    assert "torch.vmap" in message and "funcnet bug" not in message, message
+    assert f"{ME}:{_line(Vectorized.forward, 'torch.vmap')}" in message, message
+    assert torch.vmap.__module__.startswith("torch")  # torch's own vmap is back after recording

@@ -154,7 +154,9 @@ class Frame:
             return {f.name: self.arg(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if value is None or isinstance(value, (bool, int, float, str, complex, type(Ellipsis))):
             return value
-        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form")
+        hint = ("; convert with use_cache=False (in the config or the call): a cache of past keys and values is "
+                "state a pure forward does not keep" if type(value).__name__.endswith("Cache") else "")
+        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form{hint}")
         return None
 
     def tensor_ref(self, t) -> Ref:

@@ -323,6 +323,30 @@ def _compiling() -> bool:
     return True
 
 
+def _refused_vmap(recorder: Recorder, vmap):
+    """``torch.vmap`` while recording: the batched call runs (its tensors have no storage, so the
+    recorder must not read them) and is refused with its line; its output is linked to it."""
+
+    def refused(func, *vmap_args, **vmap_kwargs):
+        batched = vmap(func, *vmap_args, **vmap_kwargs)
+
+        def call(*args, **kwargs):
+            frame = recorder.stack[-1] if recorder.stack else None
+            if frame is None or frame.silent or recorder.busy:
+                return batched(*args, **kwargs)
+            where = user_line(recorder.skip)
+            with _quiet(recorder):
+                recorder.problem(frame, "a function vectorized with torch.vmap inside the forward is not recorded; "
+                                        "write it with broadcasting over the batch axis", "torch.vmap")
+                out = batched(*args, **kwargs)
+                frame.bind(out, frame.add(Node("op", "torch.vmap", where=where)))
+            return out
+
+        return call
+
+    return refused
+
+
 def _raised(recorder: Recorder, mode: str, error: Exception) -> Exception:
     """The ``ConversionError`` for an exception raised while the forward ran: the model's own (its
     module path, mode and line, and what to do), or the recorder's (a funcnet bug, to report)."""
@@ -403,6 +427,8 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         return local if event == "call" and not name.startswith(recorder.skip) and "<frozen" not in name else None
 
     previous = sys.gettrace()
+    vmaps = torch.vmap, torch.func.vmap
+    torch.vmap = torch.func.vmap = _refused_vmap(recorder, torch.func.vmap)
     is_compiling = torch.compiler.is_compiling
     if _ANSWER_COMPILING:  # libraries then skip their branches on tensor values (docs/design.md)
         torch.compiler.is_compiling = _compiling
@@ -421,6 +447,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
             torch.set_rng_state(rng)
     finally:
         torch.compiler.is_compiling = is_compiling
+        torch.vmap, torch.func.vmap = vmaps
         for h in hooks:
             h.remove()
         with torch.no_grad():

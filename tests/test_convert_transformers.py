@@ -1,0 +1,122 @@
+"""interop.convert on Hugging Face transformers models built from tiny configs (no download):
+BERT, GPT-2 with labels (its loss too), Llama and ViT, each traced on one input and compared with
+torch on a fresh one (other values, another batch size and length, padding in another row):
+the eval forward and the gradients of every parameter."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import funcnet  # noqa: E402
+from funcnet import interop  # noqa: E402
+
+VOCAB = 100
+
+
+def _text(batch, length, seed, padded_row):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (batch, length), generator=gen)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[padded_row, -2:] = 0  # right padding: the masks transformers builds from it must be followed, not baked
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _bert():
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    return transformers.BertModel(cfg), _text(2, 6, 0, 0), _text(3, 7, 1, 2)
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, use_cache=False,
+                                  bos_token_id=0, eos_token_id=0)
+    trace, fresh = _text(2, 6, 0, 0), _text(3, 7, 1, 1)
+    trace["labels"], fresh["labels"] = trace["input_ids"], fresh["input_ids"]
+    return transformers.GPT2LMHeadModel(cfg), trace, fresh
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                                   use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    return transformers.LlamaForCausalLM(cfg), _text(2, 6, 0, 0), _text(3, 7, 1, 2)
+
+
+def _vit():
+    cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                 image_size=16, patch_size=4)
+    gen = torch.Generator().manual_seed(1)
+    return (transformers.ViTModel(cfg), {"pixel_values": torch.randn(2, 3, 16, 16)},
+            {"pixel_values": torch.randn(3, 3, 16, 16, generator=gen)})
+
+
+BUILDERS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "vit": _vit}
+
+
+@functools.cache
+def _converted(name):
+    torch.manual_seed(0)
+    module, trace, fresh = BUILDERS[name]()
+    module.eval()
+    model, params, state = interop.convert(module, **trace)
+    return name, module, model, params, state, fresh
+
+
+def _rel(ours, theirs) -> float:
+    ours, theirs = np.asarray(ours, np.float64), theirs.detach().numpy().astype(np.float64)
+    assert ours.shape == theirs.shape
+    return float(np.max(np.abs(ours - theirs)) / np.max(np.abs(theirs)))
+
+
+def _jax(inputs):
+    return {k: jnp.asarray(v.numpy()) for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_eval_forward_matches_torch_on_a_fresh_input(name):
+    name, module, model, params, state, fresh = _converted(name)
+    with torch.no_grad():
+        want = module(**fresh)
+    got = jax.jit(lambda p, x: model.apply(p, **x))(params, _jax(fresh))
+    keys = [k for k, v in want.items() if isinstance(v, torch.Tensor)]
+    assert set(keys) <= set(got), (keys, list(got))
+    if name == "gpt2":
+        assert "loss" in keys
+    # float32 through 2 layers of 32-64 wide matmuls, softmax and layer norms: a few ulps, well under 1e-5
+    errors = {k: _rel(got[k], want[k]) for k in keys}
+    assert max(errors.values()) <= 1e-5, errors
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", pytest.param("bert", marks=pytest.mark.slow),
+                                  pytest.param("vit", marks=pytest.mark.slow)])
+def test_gradients_match_torch_on_a_fresh_input(name):
+    name, module, model, params, state, fresh = _converted(name)
+    first = "loss" if name == "gpt2" else next(iter(module(**fresh).keys()))
+    module.zero_grad()
+    out = module(**fresh)[first]
+    (out if first == "loss" else out.pow(2).mean()).backward()
+
+    def loss(p, x):
+        y = model.apply(p, **x)[first]
+        return y if first == "loss" else jnp.mean(y ** 2)
+
+    grads = funcnet.state_dict(jax.jit(jax.grad(loss))(params, _jax(fresh)))
+    theirs = {k: p.grad for k, p in module.named_parameters() if p.grad is not None}
+    assert theirs and set(theirs) <= set(grads)
+    scale = max(float(g.abs().max()) for g in theirs.values())
+    # relative to the largest gradient: a gradient that is zero in exact arithmetic is rounding noise in both
+    errors = {k: float(np.max(np.abs(np.asarray(grads[k], np.float64) - g.numpy()))) / scale for k, g in theirs.items()}
+    assert max(errors.values()) <= 1e-4, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_a_kv_cache_argument_is_refused_with_the_setting_that_removes_it():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)  # use_cache left at its default, True
+    with pytest.raises(interop.ConversionError, match=r"DynamicCache.*use_cache=False"):
+        interop.convert(transformers.GPT2LMHeadModel(cfg).eval(), torch.randint(0, VOCAB, (2, 5)))
