@@ -1,5 +1,6 @@
 """interop.convert on Hugging Face transformers models built from tiny configs (no download):
-BERT, GPT-2 with labels (its loss too), Llama and ViT, each traced on one input and compared with
+BERT, GPT-2 with labels (its loss too), Llama and ViT (and in the slow run T5 with labels, CLIP
+and Whisper), each traced on one input and compared with
 torch on a fresh one (other values, another batch size and length, padding in another row):
 the eval forward and the gradients of every parameter."""
 
@@ -56,7 +57,42 @@ def _vit():
             {"pixel_values": torch.randn(3, 3, 16, 16, generator=gen)})
 
 
-BUILDERS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "vit": _vit}
+def _t5():
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                                use_cache=False, decoder_start_token_id=0, pad_token_id=0)
+    trace, fresh = _text(2, 6, 0, 0), _text(3, 7, 1, 2)
+    trace["labels"], fresh["labels"] = _text(2, 5, 2, 0)["input_ids"], _text(3, 4, 3, 0)["input_ids"]
+    return transformers.T5ForConditionalGeneration(cfg), trace, fresh
+
+
+def _clip():
+    cfg = transformers.CLIPConfig(
+        text_config={"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "max_position_embeddings": 32},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "image_size": 16, "patch_size": 4}, projection_dim=16)
+    gen = torch.Generator().manual_seed(1)
+    trace, fresh = _text(2, 6, 0, 0), _text(3, 7, 1, 2)
+    trace["pixel_values"], fresh["pixel_values"] = torch.randn(2, 3, 16, 16), torch.randn(3, 3, 16, 16, generator=gen)
+    return transformers.CLIPModel(cfg), trace, fresh
+
+
+def _whisper():
+    cfg = transformers.WhisperConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, num_mel_bins=8, max_source_positions=16,
+                                     max_target_positions=32, use_cache=False, pad_token_id=0, bos_token_id=0,
+                                     eos_token_id=0, decoder_start_token_id=0)
+    gen = torch.Generator().manual_seed(1)
+    trace = {"input_features": torch.randn(2, 8, 32), "decoder_input_ids": _text(2, 6, 0, 0)["input_ids"]}
+    fresh = {"input_features": torch.randn(3, 8, 32, generator=gen),
+             "decoder_input_ids": _text(3, 7, 1, 0)["input_ids"]}
+    return transformers.WhisperModel(cfg), trace, fresh
+
+
+BUILDERS = {"bert": _bert, "gpt2": _gpt2, "llama": _llama, "vit": _vit, "t5": _t5, "clip": _clip, "whisper": _whisper}
+HEAVY = ("t5", "clip", "whisper")  # the same checks on more families: in the slow run
+
 
 
 @functools.cache
@@ -78,7 +114,7 @@ def _jax(inputs):
     return {k: jnp.asarray(v.numpy()) for k, v in inputs.items()}
 
 
-@pytest.mark.parametrize("name", sorted(BUILDERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY else n for n in BUILDERS])
 def test_eval_forward_matches_torch_on_a_fresh_input(name):
     name, module, model, params, state, fresh = _converted(name)
     with torch.no_grad():
@@ -86,18 +122,18 @@ def test_eval_forward_matches_torch_on_a_fresh_input(name):
     got = jax.jit(lambda p, x: model.apply(p, **x))(params, _jax(fresh))
     keys = [k for k, v in want.items() if isinstance(v, torch.Tensor)]
     assert set(keys) <= set(got), (keys, list(got))
-    if name == "gpt2":
+    if name in ("gpt2", "t5"):
         assert "loss" in keys
     # float32 through 2 layers of 32-64 wide matmuls, softmax and layer norms: a few ulps, well under 1e-5
     errors = {k: _rel(got[k], want[k]) for k in keys}
     assert max(errors.values()) <= 1e-5, errors
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", pytest.param("bert", marks=pytest.mark.slow),
-                                  pytest.param("vit", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["gpt2", "llama", *(pytest.param(n, marks=pytest.mark.slow)
+                                                     for n in ("bert", "vit", *HEAVY))])
 def test_gradients_match_torch_on_a_fresh_input(name):
     name, module, model, params, state, fresh = _converted(name)
-    first = "loss" if name == "gpt2" else next(iter(module(**fresh).keys()))
+    first = "loss" if name in ("gpt2", "t5") else next(iter(module(**fresh).keys()))
     module.zero_grad()
     out = module(**fresh)[first]
     (out if first == "loss" else out.pow(2).mean()).backward()
