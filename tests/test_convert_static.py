@@ -169,3 +169,12 @@ def test_torch_vmap_in_a_forward_is_refused_with_its_line_not_crashed_on():
     assert "torch.vmap" in message and "funcnet bug" not in message, message
     assert f"{ME}:{_line(Vectorized.forward, 'torch.vmap')}" in message, message
     assert torch.vmap.__module__.startswith("torch")  # torch's own vmap is back after recording
+
+
+def test_a_torch_error_inside_a_layer_is_the_models_not_a_funcnet_bug():
+    # Linear(4, 4) fed 3 features: torch raises inside the call the recorder passes on
+    with pytest.raises(ConversionError) as info:
+        interop.convert(Holder(), torch.randn(2, 3), train=False)
+    message = str(info.value)
+    assert "torch forward raised RuntimeError" in message and "funcnet bug" not in message, message
+    assert "inner.lin in eval mode" in message, message  # the layer that raised, by its path

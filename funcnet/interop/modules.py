@@ -273,12 +273,12 @@ def convert(module: Any, *example_inputs, train: bool = True, **example_kwargs) 
         return _convert(module, example_inputs, example_kwargs, train)
     except ConversionError:
         raise
-    except (TypeError, ValueError) as e:
-        if _raised_in(e, "weights.py"):  # from_torch's checks of the tensors (meta, sparse): clear, kept as they are
-            raise
-        raise _internal(e) from e
-    except Exception as e:  # noqa: BLE001 - anything else is ours, said as such
-        raise _internal(e) from e
+    except Exception as e:  # noqa: BLE001 - every failure is said as a ConversionError
+        if getattr(e, "funcnet_conversion", None) is not None:  # the torch forward raised while tracing
+            raise e.funcnet_conversion from e
+        if isinstance(e, (TypeError, ValueError)) and _raised_in(e, "weights.py"):
+            raise  # from_torch's checks of the tensors (meta, sparse): clear, kept as they are
+        raise _internal(e) from e  # anything else is ours, said as such
 
 
 def _raised_in(error: Exception, filename: str) -> bool:

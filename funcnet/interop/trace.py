@@ -161,13 +161,13 @@ class Recorder:
 
         frame = self.stack[-1] if self.stack else None
         if frame is None or frame.silent:
-            return func(*args, **kwargs)
+            return _run(func, args, kwargs)
         name = self.canonical(func)
         short = name.split(".", 1)[-1] if name else getattr(func, "__name__", repr(func))
         where = user_line(self.skip)
         if short in self.refused or name in self.refused:
             self.problem(frame, self.refused.get(name, self.refused.get(short)), name or short)
-            out = func(*args, **kwargs)
+            out = _run(func, args, kwargs)
             with _quiet(self):  # linked to its call (already refused), so not reported again where it is used
                 frame.bind(out, frame.add(Node("op", name or short, where=where)))
             return out
@@ -189,7 +189,7 @@ class Recorder:
             named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
             args = tuple(args) + tuple(named)
         grad = torch.is_grad_enabled()
-        out = func(*args, **kwargs)
+        out = _run(func, args, kwargs)
         with _quiet(self):
             return self._recorded(frame, func, name, short, where, grad, args, kwargs, out)
 
@@ -319,6 +319,15 @@ def _in_place(name: str) -> bool:
 _ANSWER_COMPILING = os.environ.get("FUNCNET_TRACE_COMPILING", "1") != "0"
 
 
+def _run(func, args, kwargs):
+    """``func(*args, **kwargs)`` for the model: what it raises is torch's or the model's, not the recorder's."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        e.funcnet_torch = True
+        raise
+
+
 def _compiling() -> bool:
     return True
 
@@ -364,7 +373,7 @@ def _raised(recorder: Recorder, mode: str, error: Exception) -> Exception:
             user = f"{name}:{tb.tb_lineno}"
         tb = tb.tb_next
     what = f"{type(error).__name__}: {error}"
-    if innermost is not None and innermost.startswith(_FUNCNET_DIR):
+    if innermost is not None and innermost.startswith(_FUNCNET_DIR) and not getattr(error, "funcnet_torch", False):
         return ConversionError(f"convert: internal error while tracing {path} in {mode} mode ({user}): {what}. This "
                                f"is a funcnet bug: please report it with this message and the model's code")
     hint = (" ; if only inference is wanted, convert(module, x, train=False) traces eval mode alone"
@@ -395,14 +404,14 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if recorder.busy or getattr(func, "__name__", None) in _PASS:
-                return func(*args, **kwargs)
+                return _run(func, args, kwargs)
             name = canonical(func)
             if name == "Tensor.__iter__":  # iterating a tensor is unbinding its first axis
                 return iter(recorder.call(torch.Tensor.unbind, args[:1], {}))
             if name in ("Tensor.__bool__", "Tensor.item", "Tensor.tolist", "Tensor.__int__", "Tensor.__float__",
                         "Tensor.__index__", "Tensor.numpy"):
                 recorder.data_dependent(name)
-                return func(*args, **kwargs)
+                return _run(func, args, kwargs)
             out = recorder.call(func, args, kwargs)
             with _quiet(recorder):
                 recorder.note(out, (args, kwargs))
@@ -441,7 +450,9 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
                 with Mode():
                     root(*example_args, **example_kwargs)
             except Exception as e:
-                raise _raised(recorder, mode, e) from e
+                # convert raises this ConversionError in its place (to_source and port keep theirs)
+                e.funcnet_conversion = _raised(recorder, mode, e)
+                raise
             finally:
                 sys.settrace(previous)
             torch.set_rng_state(rng)
