@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from convert_zoo import ZOO  # noqa: E402
+from convert_zoo import ZOO, fresh_inputs  # noqa: E402
 
 import funcnet  # noqa: E402
 from funcnet import interop, nn  # noqa: E402
@@ -123,11 +123,12 @@ def check(name: str, dtype=torch.float32, steps: int = 3, lr: float = 0.05) -> d
     module = module.to(dtype)
     args, kwargs = _cast(args, dtype), _cast(kwargs, dtype)
     converted = interop.convert(module, *args, **kwargs)  # traced with torch's own randn_like
+    fresh = fresh_inputs(name, args, kwargs)
     with fixed_noise():
-        return _check(module, args, kwargs, converted, steps, lr)
+        return _check(module, args, kwargs, converted, steps, lr, fresh)
 
 
-def _check(module, args, kwargs, converted, steps: int, lr: float) -> dict:
+def _check(module, args, kwargs, converted, steps: int, lr: float, fresh=None) -> dict:
     model, params, state = converted
     jargs, jkwargs = to_jax(args), to_jax(kwargs)
     out = {}
@@ -136,6 +137,11 @@ def _check(module, args, kwargs, converted, steps: int, lr: float) -> dict:
     with torch.no_grad():  # jitted: op by op, each new shape of each op compiles on its own (seconds)
         y = jax.jit(lambda p, s: nn.call(model, p, s, *jargs, **jkwargs)[0])(params, state)
         out["eval"] = tree_rel(y, module(*args, **kwargs))
+        if fresh is not None:  # values and a batch size it was not traced on: nothing computed is baked in
+            fargs, fkwargs = fresh
+            y = jax.jit(lambda p, s, a, k: nn.call(model, p, s, *a, **k)[0])(params, state, to_jax(fargs),
+                                                                            to_jax(fkwargs))
+            out["fresh"] = tree_rel(y, module(*fargs, **fkwargs))
 
     module.train()
     opt = torch.optim.SGD(module.parameters(), lr=lr)

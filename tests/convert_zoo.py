@@ -6,6 +6,7 @@ inputs. ``p`` is every dropout rate, so the oracle can compare train mode with `
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -503,6 +504,36 @@ class Unet1d(tnn.Module):
         return torch.where(y > 0, y, 0.1 * y) + x
 
 
+class FeatureGetter(tnn.ModuleDict):
+    """torchvision's IntermediateLayerGetter: a ModuleDict subclass that returns its chosen stages in an OrderedDict."""
+
+    def __init__(self):
+        super().__init__({"stem": tnn.Sequential(tnn.Conv2d(3, 4, 3, padding=1), tnn.BatchNorm2d(4), tnn.ReLU()),
+                          "down": tnn.Sequential(tnn.Conv2d(4, 8, 3, stride=2, padding=1), tnn.ReLU())})
+
+    def forward(self, x):
+        out = collections.OrderedDict()
+        for name, stage in self.items():
+            x = stage(x)
+            out["low" if name == "stem" else "high"] = x
+        return out
+
+
+class SegHead(tnn.Module):
+    """LRASPP's head: the backbone's features read by key, the coarse one upsampled onto the fine one."""
+
+    def __init__(self, classes=3):
+        super().__init__()
+        self.backbone = FeatureGetter()
+        self.low, self.high = tnn.Conv2d(4, classes, 1), tnn.Conv2d(8, classes, 1)
+
+    def forward(self, x):
+        features = self.backbone(x)
+        high = TF.interpolate(self.high(features["high"]), size=features["low"].shape[-2:], mode="bilinear",
+                              align_corners=False)
+        return self.low(features["low"]) + high
+
+
 def _seeded(build):
     def make(p=0.0):
         torch.manual_seed(0)
@@ -536,5 +567,34 @@ ZOO = {
     "llama_rope": _seeded(lambda p: (Llamaish(), (_tokens(2, 5, high=20),), {})),
     "encoder_classifier": _seeded(lambda p: (WithEncoder(), (torch.randn(2, 4, 8),), {})),
     "unet1d": _seeded(lambda p: (Unet1d(), (torch.randn(2, 2, 9),), {})),
+    "seg_feature_dict": _seeded(lambda p: (SegHead(), (torch.randn(2, 3, 8, 8),), {})),
 }
 """name -> builder(p=0.0) -> (module, args, kwargs)"""
+
+# the axis of every input that is the batch, where it is not the first
+_BATCH_AXIS = {"word_lm": 1}
+
+
+def fresh_inputs(name: str, args, kwargs, seed: int = 1):
+    """Inputs the model was not traced on: new values (same range: tokens below the largest seen,
+    values in [0, 1] where the example's were) and one more in the batch, so a value or a size
+    baked in at tracing shows as a difference from torch."""
+    gen = torch.Generator().manual_seed(seed)
+    axis = _BATCH_AXIS.get(name, 0)
+
+    def fresh(t):
+        if isinstance(t, (tuple, list)):
+            return type(t)(fresh(v) for v in t)
+        if isinstance(t, dict):
+            return {k: fresh(v) for k, v in t.items()}
+        if not isinstance(t, torch.Tensor):
+            return t
+        shape = list(t.shape)
+        shape[axis] += 1
+        if not t.is_floating_point():
+            return torch.randint(0, int(t.max()) + 1, shape, generator=gen, dtype=t.dtype)
+        if t.min() >= 0 and t.max() <= 1:
+            return torch.rand(shape, generator=gen, dtype=t.dtype)
+        return torch.randn(shape, generator=gen, dtype=t.dtype)
+
+    return fresh(args), fresh(kwargs)

@@ -9,6 +9,8 @@
   buffers into params (an optimizer would update them) or dropping them.
 - ``convert(module) -> (model, params, state)``: a torch module made of supported layers and
   containers as a ready funcnet.nn model, with its variables.
+- ``from_pretrained(DIR)``: a Hugging Face checkpoint folder (``save_pretrained``'s) converted;
+  ``generate_greedy``: greedy decoding with a converted causal LM.
 - ``save_safetensors`` / ``load_safetensors``: the safetensors file format, without torch.
 
 Tied parameters (nanoGPT's ``lm_head.weight is transformer.wte.weight``) stay tied: the
@@ -18,6 +20,7 @@ functions never import it.
 """
 
 from funcnet.interop.files import load_safetensors, save_safetensors
+from funcnet.interop.hf import from_pretrained, generate_greedy
 from funcnet.interop.modules import convert
 from funcnet.interop.optim import convert_optimizer
 from funcnet.interop.registry import SUPPORTED_MODULES, ConversionError
@@ -25,4 +28,5 @@ from funcnet.interop.source import to_source
 from funcnet.interop.weights import from_torch, from_torch_with_state, to_torch
 
 __all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "to_source", "save_safetensors",
-           "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer"]
+           "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer", "from_pretrained",
+           "generate_greedy"]

@@ -7,6 +7,7 @@ import dataclasses
 import operator
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
@@ -24,6 +25,11 @@ def user_line(skip_dirs: tuple[str, ...]) -> str:
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+def _is_record(value) -> bool:
+    """A dataclass instance (not the class itself)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 class Dim(int):
@@ -92,6 +98,12 @@ class Frame:
         elif isinstance(value, (tuple, list)):
             for i, v in enumerate(value):
                 self.bind(v, Ref(ref.node, ref.path + (i,)))
+        elif isinstance(value, Mapping):  # dict, OrderedDict, transformers' ModelOutput: read by key
+            for k, v in value.items():
+                self.bind(v, Ref(ref.node, ref.path + (k,)))
+        elif _is_record(value):  # a dataclass: replayed as a dict of its fields
+            for f in dataclasses.fields(value):
+                self.bind(getattr(value, f.name), Ref(ref.node, ref.path + (f.name,)))
 
     def own_tensors(self) -> dict:
         if self.tensors is None:
@@ -136,11 +148,15 @@ class Frame:
             return tuple(self.arg(v) for v in value)
         if isinstance(value, (list, tuple)):
             return type(value)(self.arg(v) for v in value)
-        if isinstance(value, dict):
+        if isinstance(value, Mapping):
             return {k: self.arg(v) for k, v in value.items()}
+        if _is_record(value):
+            return {f.name: self.arg(getattr(value, f.name)) for f in dataclasses.fields(value)}
         if value is None or isinstance(value, (bool, int, float, str, complex, type(Ellipsis))):
             return value
-        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form")
+        hint = ("; convert with use_cache=False (in the config or the call): a cache of past keys and values is "
+                "state a pure forward does not keep" if type(value).__name__.endswith("Cache") else "")
+        self.recorder.problem(self, f"an argument of type {type(value).__name__} ({value!r:.60}) has no JAX form{hint}")
         return None
 
     def tensor_ref(self, t) -> Ref:
@@ -155,6 +171,12 @@ class Frame:
         own = self.own_tensors().get(id(t))
         if own is not None:
             ref = self.add(Node(own[0], own[1]))
+        elif self.recorder.computed(t):
+            self.recorder.problem(self, "a tensor computed while tracing reaches this module by a way the recorder "
+                                        "cannot follow (an attribute set by another call, a global, an object it "
+                                        "does not read), so it would be baked in as a constant; pass it as an "
+                                        "argument or return it (tuples, lists, dicts, dataclasses are followed)")
+            ref = self.add(Node("const", _to_numpy(t)))
         else:  # a tensor from outside the module (a constant, a non-persistent buffer)
             ref = self.add(Node("const", _to_numpy(t)))  # bf16 kept exactly, as from_torch keeps it
         self.known[id(t)] = (t, ref)

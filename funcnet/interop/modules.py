@@ -198,13 +198,13 @@ def _is_walked_container(module) -> bool:
     return container is not None and type(module).forward is container.forward
 
 
-def _trace(module, args, kwargs, registry, *, names: bool):
+def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
     from funcnet.interop import ops
     from funcnet.interop.trace import record
 
     recording = record(module, args, kwargs, is_leaf=lambda m: _is_leaf(m, registry),
                        is_container=_is_walked_container, lookup=ops.lookup, canonical=ops.canonical,
-                       refused=ops.REFUSED, names=names)
+                       refused=ops.REFUSED, names=names, modes=("train", "eval") if train else ("eval",))
     grouped: dict = {}  # one line per problem: a block used twice is one line naming both paths
     for path, op, where, message in recording.problems:
         paths = grouped.setdefault((op, where, message), [])
@@ -251,7 +251,7 @@ def _with_ties(model: Module, ties: dict[str, str]) -> Module:
     return Module(init, None if model.apply is None else apply, model.init_state, model.children, model.name)
 
 
-def convert(module: Any, *example_inputs, **example_kwargs) -> tuple[Module, dict, dict]:
+def convert(module: Any, *example_inputs, train: bool = True, **example_kwargs) -> tuple[Module, dict, dict]:
     """``(model, params, state)``: a torch module as a funcnet.nn model and its variables.
 
     ``nn.Sequential``/``ModuleList``/``ModuleDict`` and every supported leaf layer (see
@@ -262,16 +262,43 @@ def convert(module: Any, *example_inputs, **example_kwargs) -> tuple[Module, dic
     ``example_kwargs`` (torch tensors): its forward, recorded in train and in eval mode,
     becomes an ``nn.Composite`` (docs/design.md, "Converting by tracing"). Every problem
     (an unsupported op, a branch on data, in-place aliasing) is reported in one
-    ``ConversionError``, each with its module path, the torch op and the source line. ``state`` is ``{}`` for a model without buffers.
-    Use ``model.apply(params, x)``, or ``nn.call(model, params, state, x, train=...)``.
+    ``ConversionError``, each with its module path, the torch op and the source line. ``state`` is
+    ``{}`` for a model without buffers. ``train=False`` traces eval mode alone (inference only: a
+    train path that is not wanted or not traceable is never run); the model then refuses
+    ``train=True``. Use ``model.apply(params, x)``, or ``nn.call(model, params, state, x, train=...)``.
     """
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
+    try:
+        return _convert(module, example_inputs, example_kwargs, train)
+    except ConversionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure is said as a ConversionError
+        if getattr(e, "funcnet_conversion", None) is not None:  # the torch forward raised while tracing
+            raise e.funcnet_conversion from e
+        if isinstance(e, (TypeError, ValueError)) and _raised_in(e, "weights.py"):
+            raise  # from_torch's checks of the tensors (meta, sparse): clear, kept as they are
+        raise _internal(e) from e  # anything else is ours, said as such
+
+
+def _raised_in(error: Exception, filename: str) -> bool:
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(filename)
+
+
+def _internal(e: Exception) -> ConversionError:
+    return ConversionError(f"convert: internal error ({type(e).__name__}: {e}). This is a funcnet bug: please "
+                           f"report it with this message and the model's code")
+
+
+def _convert(module, example_inputs, example_kwargs, train: bool) -> tuple[Module, dict, dict]:
     problems: list[str] = []
     registry = _registry()
     recording = None
     if example_inputs or example_kwargs:
-        recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=False)
+        recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=False, train=train)
     model = _build(module, "", registry, problems, recording)
     if problems:
         raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))

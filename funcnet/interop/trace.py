@@ -18,12 +18,14 @@ import dataclasses
 import inspect
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from funcnet.interop.frame import Dim, Frame, user_line
 from funcnet.interop.graph import Graph, Node, Ref, structure
+from funcnet.interop.trace_env import (_ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised,
+                                       _refused_vmap, _run)
 
-_FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
 
 
 @dataclasses.dataclass
@@ -36,11 +38,14 @@ class Recording:
 
 
 def flatten_args(value, path=()):
-    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts)."""
+    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
     if isinstance(value, (tuple, list)):
         return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value)
+                for item in flatten_args(getattr(value, f.name), path + (f.name,))]
     return [(path, value)]
 
 
@@ -55,6 +60,7 @@ class Recorder:
         self.busy = False
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
+        self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
         self.skip = (_FUNCNET_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
 
     def problem(self, frame: Frame, message: str, op: str = "") -> None:
@@ -62,6 +68,17 @@ class Recorder:
         entry = (path, op, user_line(self.skip), message)
         if entry not in self.rec.problems:
             self.rec.problems.append(entry)
+
+    def note(self, value, args) -> None:
+        """Remember the tensors of a torch call's output, computed here and never a constant; an
+        argument returned as it is (``buffer.to(its dtype)``) is not made by the call."""
+        given = {id(leaf) for _, leaf in flatten_args(args)}
+        for _, leaf in flatten_args(value):
+            if _is_tensor(leaf) and id(leaf) not in given:
+                self.produced[id(leaf)] = leaf
+
+    def computed(self, tensor) -> bool:
+        return self.produced.get(id(tensor)) is tensor
 
     # ---- module calls
     def pre(self, module, args, kwargs):
@@ -151,13 +168,24 @@ class Recorder:
 
         frame = self.stack[-1] if self.stack else None
         if frame is None or frame.silent:
-            return func(*args, **kwargs)
+            return _run(func, args, kwargs)
         name = self.canonical(func)
         short = name.split(".", 1)[-1] if name else getattr(func, "__name__", repr(func))
         where = user_line(self.skip)
         if short in self.refused or name in self.refused:
             self.problem(frame, self.refused.get(name, self.refused.get(short)), name or short)
-            return func(*args, **kwargs)
+            out = _run(func, args, kwargs)
+            with _quiet(self):  # linked to its call (already refused), so not reported again where it is used
+                frame.bind(out, frame.add(Node("op", name or short, where=where)))
+            return out
+        if name in _CHECKS:  # torch._assert(H == self.size, ...): a static check, run now and left out of the graph
+            with _quiet(self):
+                try:
+                    func(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - the model's own check, whatever it raises
+                    self.problem(frame, f"the model's own check fails on the example inputs: {type(e).__name__}: "
+                                        f"{e}; convert with inputs the model accepts", name)
+            return None
         refusal = _data_dependent_index(name, args)
         if refusal:
             self.problem(frame, self.refused.get(refusal, "with one argument its output shape depends on the data; "
@@ -168,7 +196,7 @@ class Recorder:
             named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
             args = tuple(args) + tuple(named)
         grad = torch.is_grad_enabled()
-        out = func(*args, **kwargs)
+        out = _run(func, args, kwargs)
         with _quiet(self):
             return self._recorded(frame, func, name, short, where, grad, args, kwargs, out)
 
@@ -178,10 +206,12 @@ class Recorder:
         op = self.lookup(name) if name else None
         if op is None:
             self.problem(frame, "no JAX form in funcnet.interop.ops (the op table)", name or short)
-        ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
-                             no_grad=not grad, where=where, structure=structure(out)))
         mutates = tuple(getattr(op, "mutates", ()) or ())
         inplace = _in_place(name or short)
+        if not mutates and not inplace and args and out is args[0] and _is_tensor(out):
+            return out  # x.to(its own dtype), x.contiguous(), x.float() of a float: x itself, not a change of x
+        ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),
+                             no_grad=not grad, where=where, structure=structure(out)))
         if mutates:
             from funcnet.interop.ops import mutated_places
 
@@ -231,8 +261,14 @@ class Recorder:
 # torch's own bookkeeping that reaches the mode: grad mode (no_grad is read per op instead)
 _PASS = {"_set_grad_enabled", "set_grad_enabled", "is_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"}
 
+# torch's static checks: evaluated while tracing (a failing one is the model's own error), never replayed
+_CHECKS = {"torch._assert", "torch._check", "torch._check_is_size", "torch._check_index", "torch._check_value",
+           "torch._check_type", "torch._check_not_implemented", "torch._check_with", "torch._check_tensor_all"}
+
 _FACTS = {f"Tensor.{n}" for n in (
-    "dtype", "device", "is_cuda", "requires_grad", "grad_fn", "is_floating_point", "is_complex", "layout",
+    "is_xpu", "is_mps", "is_cpu", "is_ipu", "is_hpu", "is_mkldnn", "is_vulkan", "is_maia", "is_mtia", "is_xla",
+    "is_sparse_csr", "is_inference", "is_signed", "dtype", "device", "is_cuda", "requires_grad", "grad_fn",
+    "is_floating_point", "is_complex", "layout",
     "is_sparse", "is_leaf", "get_device", "__repr__", "__str__", "__format__", "is_contiguous", "stride",
     "data_ptr", "element_size", "is_meta", "is_quantized", "is_nested", "names")}
 
@@ -249,20 +285,6 @@ def _data_dependent_index(name, args) -> str | None:
     if name == "torch.where" and len(args) == 1:
         return "torch.where"
     return None
-
-
-class _quiet:
-    """The recorder's own torch calls (reading sizes, storages) are not the model's."""
-
-    def __init__(self, recorder):
-        self.recorder = recorder
-
-    def __enter__(self):
-        self.before, self.recorder.busy = self.recorder.busy, True
-
-    def __exit__(self, *exc):
-        self.recorder.busy = self.before
-        return False
 
 
 def _snapshot(value):
@@ -297,11 +319,12 @@ def _signature(module) -> inspect.Signature:
 
 
 def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_container, lookup, canonical,
-           refused, names: bool = True) -> Recording:
+           refused, names: bool = True, modes: tuple = ("train", "eval")) -> Recording:
     """Run ``root`` in train and in eval mode under the recorder; the module's parameters,
     buffers, mode and torch's random state are as before afterwards. ``names``: trace the
     user's code line by line for their variable names (``to_source`` writes them; replay
-    does not need them)."""
+    does not need them). ``modes``: ``("eval",)`` records eval mode alone. An exception the
+    forward raises becomes a ``ConversionError`` naming the module, the mode and the line."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -311,15 +334,18 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if recorder.busy or getattr(func, "__name__", None) in _PASS:
-                return func(*args, **kwargs)
+                return _run(func, args, kwargs)
             name = canonical(func)
             if name == "Tensor.__iter__":  # iterating a tensor is unbinding its first axis
                 return iter(recorder.call(torch.Tensor.unbind, args[:1], {}))
             if name in ("Tensor.__bool__", "Tensor.item", "Tensor.tolist", "Tensor.__int__", "Tensor.__float__",
                         "Tensor.__index__", "Tensor.numpy"):
                 recorder.data_dependent(name)
-                return func(*args, **kwargs)
-            return recorder.call(func, args, kwargs)
+                return _run(func, args, kwargs)
+            out = recorder.call(func, args, kwargs)
+            with _quiet(recorder):
+                recorder.note(out, (args, kwargs))
+            return out
 
     hooks = []
     for m in {id(m): m for m in root.modules()}.values():
@@ -340,18 +366,29 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
         return local if event == "call" and not name.startswith(recorder.skip) and "<frozen" not in name else None
 
     previous = sys.gettrace()
+    vmaps = torch.vmap, torch.func.vmap
+    torch.vmap = torch.func.vmap = _refused_vmap(recorder, torch.func.vmap)
+    is_compiling = torch.compiler.is_compiling
+    if _ANSWER_COMPILING:  # libraries then skip their branches on tensor values (docs/design.md)
+        torch.compiler.is_compiling = _compiling
     try:
-        for mode in ("train", "eval"):
+        for mode in modes:
             recorder.mode = mode
             root.train(mode == "train")
             sys.settrace(calls if names else previous)
             try:
                 with Mode():
                     root(*example_args, **example_kwargs)
+            except Exception as e:
+                # convert raises this ConversionError in its place (to_source and port keep theirs)
+                e.funcnet_conversion = _raised(recorder, mode, e)
+                raise
             finally:
                 sys.settrace(previous)
             torch.set_rng_state(rng)
     finally:
+        torch.compiler.is_compiling = is_compiling
+        torch.vmap, torch.func.vmap = vmaps
         for h in hooks:
             h.remove()
         with torch.no_grad():

@@ -14,7 +14,7 @@ from funcnet.interop.ops._core import (NOT_LITERAL, _category, as_float, call, d
 
 __all__ = ["sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean",
            "std_mean", "norm", "vector_norm", "logsumexp", "cumsum", "cumprod", "all", "any", "topk", "sort",
-           "argsort", "ValuesIndices", "count_nonzero", "aminmax"]
+           "argsort", "ValuesIndices", "count_nonzero", "aminmax", "diff"]
 
 
 class ValuesIndices(NamedTuple):
@@ -195,6 +195,24 @@ def cumprod(input, dim, *, dtype=None, out=None):
     return jnp.cumprod(x, axis=dim, dtype=jdtype(dtype))
 
 
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    """torch.diff: ``prepend``/``append`` joined on ``dim`` first, then ``n`` forward differences
+    (a bool input gives ``!=`` of neighbours, as torch's logical xor)."""
+    x = jnp.asarray(input)
+    parts = [jnp.asarray(p).astype(x.dtype) for p in (prepend,) if p is not None] + [x]
+    parts += [jnp.asarray(a).astype(x.dtype) for a in (append,) if a is not None]
+    x = jnp.concatenate(parts, axis=dim) if len(parts) > 1 else x
+    for _ in range(n):
+        x = jnp.diff(x, axis=dim) if x.dtype != jnp.bool_ else x[_slice(x, dim, 1, None)] != x[_slice(x, dim, None, -1)]
+    return x
+
+
+def _slice(x, dim, start, stop):
+    index = [slice(None)] * x.ndim
+    index[dim % x.ndim] = slice(start, stop)
+    return tuple(index)
+
+
 def all(input, dim=None, keepdim=False, *, out=None):  # noqa: A001
     x = jnp.asarray(input)
     return jnp.all(x, axis=_axis(dim, x), keepdims=keepdim)
@@ -290,6 +308,7 @@ def _register_table():
     register(["Tensor.logsumexp", "torch.logsumexp", "torch.special.logsumexp"], logsumexp, None)
     register(["Tensor.cumsum", "torch.cumsum"], cumsum, None)
     register(["Tensor.cumprod", "torch.cumprod"], cumprod, None)
+    register(["Tensor.diff", "torch.diff"], diff, None)
     register(["Tensor.all", "torch.all"], all, _reduce_source("all", all))
     register(["Tensor.any", "torch.any"], any, _reduce_source("any", any))
     register(["Tensor.count_nonzero", "torch.count_nonzero"], count_nonzero, None)

@@ -1,0 +1,99 @@
+"""What the recorder (``interop/trace.py``) answers torch and libraries while a forward runs, and
+how what the forward raises is told: ``torch.compiler.is_compiling()``, ``torch.vmap``, the
+recorder's own quiet calls, and the ``ConversionError`` for an exception of the model or of
+funcnet."""
+
+from __future__ import annotations
+
+import os
+
+from funcnet.interop.frame import user_line
+from funcnet.interop.graph import Node
+
+_FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
+
+
+class _quiet:
+    """The recorder's own torch calls (reading sizes, storages) are not the model's."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def __enter__(self):
+        self.before, self.recorder.busy = self.recorder.busy, True
+
+    def __exit__(self, *exc):
+        self.recorder.busy = self.before
+        return False
+
+
+# What torch.compiler.is_compiling() answers while recording: True, as under torch.compile, so that
+# libraries take their traceable path (transformers skips its mask shortcuts that read the mask's
+# values). Measured on the zoo and transformers' models (docs/design.md); FUNCNET_TRACE_COMPILING=0
+# answers False, for comparing the two.
+_ANSWER_COMPILING = os.environ.get("FUNCNET_TRACE_COMPILING", "1") != "0"
+
+
+def _run(func, args, kwargs):
+    """``func(*args, **kwargs)`` for the model: what it raises is torch's or the model's, not the recorder's."""
+    try:
+        return func(*args, **kwargs)
+    except Exception as e:
+        e.funcnet_torch = True
+        raise
+
+
+def _compiling() -> bool:
+    return True
+
+
+def _refused_vmap(recorder, vmap):
+    """``torch.vmap`` while recording: the batched call runs (its tensors have no storage, so the
+    recorder must not read them) and is refused with its line; its output is linked to it."""
+
+    def refused(func, *vmap_args, **vmap_kwargs):
+        batched = vmap(func, *vmap_args, **vmap_kwargs)
+
+        def call(*args, **kwargs):
+            frame = recorder.stack[-1] if recorder.stack else None
+            if frame is None or frame.silent or recorder.busy:
+                return batched(*args, **kwargs)
+            where = user_line(recorder.skip)
+            with _quiet(recorder):
+                recorder.problem(frame, "a function vectorized with torch.vmap inside the forward is not recorded; "
+                                        "write it with broadcasting over the batch axis", "torch.vmap")
+                out = batched(*args, **kwargs)
+                frame.bind(out, frame.add(Node("op", "torch.vmap", where=where)))
+            return out
+
+        return call
+
+    return refused
+
+
+def _raised(recorder, mode: str, error: Exception) -> Exception:
+    """The ``ConversionError`` for an exception raised while the forward ran: the model's own (its
+    module path, mode and line, and what to do), or the recorder's (a funcnet bug, to report)."""
+    from funcnet.interop.registry import ConversionError
+
+    if isinstance(error, ConversionError):
+        return error
+    frame = recorder.stack[-1] if recorder.stack else None
+    path = (recorder.rec.names.get(id(frame.module), "?") or "<root>") if frame is not None else "<root>"
+    tb, innermost, user = error.__traceback__, None, "?"
+    while tb is not None:
+        name = os.path.abspath(tb.tb_frame.f_code.co_filename)
+        innermost = name
+        if not name.startswith(recorder.skip) and "<frozen" not in name:
+            user = f"{name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    what = f"{type(error).__name__}: {error}"
+    if innermost is not None and innermost.startswith(_FUNCNET_DIR) and not getattr(error, "funcnet_torch", False):
+        return ConversionError(f"convert: internal error while tracing {path} in {mode} mode ({user}): {what}. This "
+                               f"is a funcnet bug: please report it with this message and the model's code")
+    hint = (" ; if only inference is wanted, convert(module, x, train=False) traces eval mode alone"
+            if mode == "train" else "")
+    before = "".join(f"\n  {p}: {op + ': ' if op else ''}{message} ({where})"
+                     for p, op, where, message in recorder.rec.problems)
+    return ConversionError(f"convert: the torch forward raised {what} while tracing {path} in {mode} mode "
+                           f"({user}){hint}{before}")
