@@ -48,3 +48,16 @@ def test_loaded_runs_counts_every_run_and_fails_on_one_failure(tmp_path, capsys)
     assert status == 1
     assert [r["status"] for r in json.loads(out.read_text())["runs"]] == [0, 3, 0]
     assert "2/3 runs passed" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_conv_quick_run_checks_against_torch_and_writes_ratios(tmp_path):
+    out = tmp_path / "conv.json"
+    assert _script("conv").main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["sweep"] and all(r["ok"] for r in result["sweep"])
+    assert all(r[k][impl] > 0 for r in result["sweep"] for k in ("forward_ms", "train_ms")
+               for impl in ("funcnet", "lax.conv", "torch"))
+    assert {(r["model"], r["variant"]) for r in result["models"]} >= {("resnet18", "converted"),
+                                                                      ("resnet18", "hand-written")}
+    assert all(r["ok"] and r["train_ms"]["funcnet"] > 0 for r in result["models"])
