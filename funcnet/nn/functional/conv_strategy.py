@@ -25,8 +25,10 @@ import jax.numpy as jnp
 STRATEGIES = ("auto", "xla", "im2col", "taps")
 _current = ["auto"]
 _SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
-# im2col when the output has at most this many positions per image (see docs/design.md)
+# im2col when the output has at most this many positions per image and each output sums at
+# least this many products (see docs/design.md)
 SMALL_OUTPUT = 64
+LONG_CONTRACTION = 256
 
 
 @contextlib.contextmanager
@@ -52,11 +54,13 @@ def _taps(size: int, lo: int, lhs_dilation: int, out: int, stride: int, dilation
     return tuple(k for k in range(kernel) if any(o * stride + dilation * k in data for o in range(out)))
 
 
-def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool) -> str:
+def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int) -> str:
     """The strategy for one convolution from its static shapes (docs/design.md has the table):
-    im2col where XLA:CPU's convolution is slow (few output positions per image, or a kernel
-    with taps that only meet padding) and on a single tap (a matrix multiply); XLA elsewhere.
-    Accelerators always get XLA's convolution (cuDNN has no such cliff)."""
+    im2col where XLA:CPU's convolution is slow (a kernel that spans the whole input, taps that
+    only meet padding, or few output positions per image with a long contraction) and on a
+    single tap (a matrix multiply); a sum over taps for depthwise; XLA elsewhere.
+    ``contraction``: input channels per group times taps. Accelerators always get XLA's
+    convolution (cuDNN has no such cliff)."""
     if _current[0] != "auto":
         return _current[0]
     if jax.default_backend() != "cpu":
@@ -68,7 +72,8 @@ def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool) -> 
     if math.prod(len(t) for t in taps) == 1:
         return "im2col"
     cropped = any(len(t) < k for t, k in zip(taps, kernel))
-    if cropped or math.prod(out_sizes) <= SMALL_OUTPUT:
+    spans = all(k >= s for k, s in zip(kernel, in_sizes))
+    if cropped or spans or (math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION):
         return "im2col"
     return "xla"
 
@@ -84,7 +89,7 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
                  for s, (lo, _), ld, o, st, d, k in zip(x.shape[2:], pads, lhs_dilation, out, stride, rhs_dilation,
                                                         kernel))
     depthwise = w.shape[1] == 1 and groups > 1
-    how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise)
+    how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise, w.shape[1] * math.prod(kernel))
     if how == "taps" and not depthwise:
         how = "im2col"
     if how == "xla" or any(not t for t in taps):
