@@ -28,7 +28,7 @@ _SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
 # im2col when the output has at most this many positions per image and each output sums at
 # least this many products (see docs/design.md)
 SMALL_OUTPUT = 64
-LONG_CONTRACTION = 256
+LONG_CONTRACTION = 1024
 
 
 @contextlib.contextmanager
