@@ -2,7 +2,10 @@
 # One prepared check for a machine with GPUs or TPUs (under 8 minutes on one GPU):
 #   1. the data_parallel, fsdp and tensor_parallel comparisons (torch's side on gloo/CPU, JAX on the devices);
 #   2. a bf16 GPT train step on 1 and N devices: tokens/s and model FLOPs utilisation against the device's
-#      bf16 peak; the memory planner against the device's measured peak (benchmarks/device_step.py).
+#      bf16 peak; the memory planner against the device's measured peak (benchmarks/device_step.py);
+#   3. part of the convolution sweep (benchmarks/conv.py): funcnet's conv2d against raw lax.conv_general_dilated
+#      (the lax/ours ratio must stay near 1: the shape rule picks XLA's convolution on accelerators) and torch
+#      on the CPU.
 # Where JAX sees no GPU or TPU it says so in one line and exits 0 without running anything.
 # Usage: bash benchmarks/device_check.sh            (from anywhere; it cd's to the repository)
 set -uo pipefail
@@ -16,5 +19,6 @@ echo "device_check: backend ${backend}, $(python -c 'import jax; print(len(jax.d
 status=0
 timeout 300 python -m comparisons data_parallel fsdp tensor_parallel || status=1
 timeout 150 python benchmarks/device_step.py || status=1
+timeout 120 python benchmarks/conv.py --part sweep --rounds 3 --rows 2 5 11 12 13 14 15 20 22 24 || status=1
 echo "device_check: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status

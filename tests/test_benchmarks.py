@@ -61,3 +61,16 @@ def test_pipeline_table_quick_run(tmp_path):
         (2, m, k) for m in (2, 4) for k in ("gpipe", "1f1b")}
     grown = {r["schedule"]: r["temps_growth"] for r in rows if r["microbatches"] == 4}
     assert grown["gpipe"] == 2 * rows[0]["slot_bytes"] and grown["1f1b"] == 0
+
+
+@pytest.mark.slow
+def test_conv_quick_run_checks_against_torch_and_writes_ratios(tmp_path):
+    out = tmp_path / "conv.json"
+    assert _script("conv").main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["sweep"] and all(r["ok"] for r in result["sweep"])
+    assert all(r[k][impl] > 0 for r in result["sweep"] for k in ("forward_ms", "train_ms")
+               for impl in ("funcnet", "lax.conv", "torch"))
+    assert {(r["model"], r["variant"]) for r in result["models"]} >= {("resnet18", "converted"),
+                                                                      ("resnet18", "hand-written")}
+    assert all(r["ok"] and r["train_ms"]["funcnet"] > 0 for r in result["models"])

@@ -19,6 +19,7 @@ import torch
 from scipy import stats
 
 from funcnet import nn
+from funcnet.nn.functional.conv_strategy import strategy
 from tests.torch_oracle import check_layer
 
 # (id, class name, args, kwargs, input shape): the same arguments build both layers
@@ -48,6 +49,13 @@ TABLE = [
     # output_padding < dilation (not < stride) is allowed too
     ("T2d-outpad-by-dilation", "ConvTranspose2d", (2, 3, 2), dict(output_padding=1, dilation=2), (2, 2, 4, 4)),
     ("T1d", "ConvTranspose1d", (3, 4, 4), dict(stride=3, padding=2, output_padding=2), (2, 3, 5)),
+    # kernels over small inputs, where taps that only meet padding are dropped: 3x3 on 1x1 is a
+    # matrix multiply; stride 3 on 2x2 with padding 2 skips kernel columns in the middle
+    ("2d-kernel-over-1x1", "Conv2d", (4, 5, 3), dict(padding=1), (2, 4, 1, 1)),
+    ("2d-kernel-over-2x2-stride3", "Conv2d", (4, 6, (5, 3)), dict(stride=3, padding=2, groups=2), (2, 4, 2, 2)),
+    ("2d-depthwise-x2-stride2", "Conv2d", (3, 6, 3), dict(stride=2, padding=1, groups=3), (2, 3, 5, 6)),
+    ("3d-1x1x1", "Conv3d", (3, 4, 1), {}, (2, 3, 2, 3, 2)),
+    ("T2d-stride1-small", "ConvTranspose2d", (4, 3, 3), dict(padding=1), (2, 4, 2, 2)),
 ]
 IDS = [row[0] for row in TABLE]
 
@@ -69,6 +77,67 @@ def test_conv_equals_torch(row, train, dtype):
         warnings.filterwarnings("ignore", "Using padding='same'", UserWarning)
         ours, theirs = _pair(row, dtype)
         check_layer(ours, theirs, [x], train=train, dtype=dtype)
+
+
+def _depthwise(row):
+    _, _, args, kwargs, _ = row
+    return kwargs.get("groups", 1) == args[0] > 1 and "Transpose" not in row[1]
+
+
+# "taps" is for depthwise convolutions (others fall back to im2col): it runs on those rows only
+STRATEGY_ROWS = [(row, how) for row in TABLE for how in ("xla", "im2col", "taps") if how != "taps" or _depthwise(row)]
+
+
+@pytest.mark.parametrize("row,how", STRATEGY_ROWS, ids=[f"{row[0]}-{how}" for row, how in STRATEGY_ROWS])
+def test_every_strategy_equals_torch(row, how):
+    """Each way of computing a convolution, forced on every row (forward, input and weight
+    gradients), float32: the sums run in another order than torch's, within check_layer's
+    float32 tolerance for sums of at most ~100 products."""
+    x = np.random.default_rng(1).standard_normal(row[-1])
+    with strategy(how), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Using padding='same'", UserWarning)
+        ours, theirs = _pair(row)
+        check_layer(ours, theirs, [x], train=True)
+
+
+def _conv_ops(fn, *args):
+    text = str(jax.make_jaxpr(fn)(*args))
+    return text.count("conv_general_dilated")
+
+
+@pytest.mark.parametrize("shape,kernel,stride,groups,how", [
+    ((8, 64, 2, 2), 3, 1, 1, "im2col"),  # a kernel over (almost) all of a small input: XLA:CPU's slow path
+    ((8, 64, 1, 1), 3, 1, 1, "im2col"),  # only the centre tap meets data: a matrix multiply
+    ((8, 64, 4, 4), 1, 2, 1, "im2col"),  # one tap
+    ((8, 128, 7, 7), 3, 1, 1, "im2col"),  # 49 output positions, 1152 products each
+    ((64, 64, 8, 8), 3, 1, 1, "xla"),  # 64 positions, 576 products each
+    ((2, 16, 32, 32), 3, 1, 1, "xla"),  # 1024 output positions
+    ((8, 16, 4, 4), 3, 1, 1, "xla"),  # 16 positions of 144 products (benchmarks/models.py's conv net)
+    ((2, 16, 32, 32), 7, 2, 16, "taps"),  # depthwise
+])
+def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel, stride, groups, how):
+    """The rule of docs/design.md on CPU: the slow path's shapes trace to no XLA convolution at
+    all, forward or backward (jax.grad of a conv is convolutions again unless the forward is
+    patches + einsum); large ones keep XLA's."""
+    from funcnet.nn.functional import conv2d
+
+    x = jnp.zeros(shape)
+    w = jnp.zeros((shape[1], shape[1] // groups, kernel, kernel))
+
+    def loss(x, w):
+        return conv2d(x, w, None, stride, kernel // 2, 1, groups).sum()
+
+    ops = _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w)
+    assert (ops == 0) == (how != "xla"), ops
+    with strategy("xla"):
+        assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
+
+
+def test_unknown_strategy_is_refused():
+    expected = r"conv strategy must be one of \('auto', 'xla', 'im2col', 'taps'\), got 'fft'"
+    with pytest.raises(ValueError, match=expected):
+        with strategy("fft"):
+            pass
 
 
 @pytest.mark.parametrize("row", TABLE, ids=IDS)

@@ -3,8 +3,8 @@
 Layouts are torch's: activations channels-first ``(N, C, *spatial)`` (or unbatched
 ``(C, *spatial)``), weights ``(out, in/groups, *kernel)`` for a convolution and
 ``(in, out/groups, *kernel)`` for a transposed one, so a torch ``state_dict`` loads with no
-renaming. The math is ``funcnet.nn.functional.conv2d`` etc. (one
-``jax.lax.conv_general_dilated`` at ``Precision.HIGHEST``); a padding mode other than zeros
+renaming. The math is ``funcnet.nn.functional.conv2d`` etc. (XLA's convolution, patches + one
+``einsum`` or a sum over taps, chosen by shape, at ``Precision.HIGHEST``); a padding mode other than zeros
 pads first, as torch's ``_conv_forward``. Default init is torch's ``reset_parameters``: weight
 ``kaiming_uniform(a=sqrt(5))`` = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias the same bound,
 with ``fan_in = weight.shape[1] * prod(kernel)`` (torch computes it from the weight as

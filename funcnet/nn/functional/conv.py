@@ -3,21 +3,21 @@ implementation the layers of ``funcnet.nn.conv`` call.
 
 Layouts are torch's: activations channels-first ``(N, C, *spatial)`` (or unbatched
 ``(C, *spatial)``), weights ``(out, in/groups, *kernel)`` for a convolution and
-``(in, out/groups, *kernel)`` for a transposed one. The math is one
-``jax.lax.conv_general_dilated`` at ``Precision.HIGHEST`` (the default precision may run
-float32 through bfloat16 passes on accelerators, and torch's CPU kernels do not).
+``(in, out/groups, *kernel)`` for a transposed one. The math is
+``conv_strategy.convolve``: one ``jax.lax.conv_general_dilated`` or patches + one ``einsum``,
+chosen per shape, at ``Precision.HIGHEST`` (the default precision may run float32 through
+bfloat16 passes on accelerators, and torch's CPU kernels do not).
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from funcnet.nn.functional._common import ntuple
+from funcnet.nn.functional.conv_strategy import convolve
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
 
-_SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
 SHAPES = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}
 
 
@@ -83,11 +83,7 @@ def conv(x, weight, bias, n: int, stride, pads, dilation, groups: int, where: st
                          f"divisible by groups={groups}")
     dt = jnp.result_type(x, w)
     x, w = x.astype(dt), w.astype(dt)
-    spatial = _SPATIAL[n]
-    y = jax.lax.conv_general_dilated(
-        x, w, window_strides=tuple(stride), padding=list(pads), rhs_dilation=tuple(dilation),
-        dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial), feature_group_count=groups,
-        precision=jax.lax.Precision.HIGHEST)
+    y = convolve(x, w, tuple(stride), tuple(pads), (1,) * n, tuple(dilation), groups)
     if bias is not None:
         y = y + jnp.asarray(bias).astype(dt).reshape((-1,) + (1,) * n)
     return y[0] if unbatched else y
@@ -125,11 +121,7 @@ def conv_transpose(x, weight, bias, n: int, stride, padding, output_padding, gro
     w = jnp.flip(w, axis=tuple(range(2, n + 2)))
     conv_pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
                  for d, k, p, op in zip(dilation, kernel, padding, output_padding)]
-    spatial = _SPATIAL[n]
-    y = jax.lax.conv_general_dilated(
-        x, w, window_strides=(1,) * n, padding=conv_pads, lhs_dilation=tuple(stride), rhs_dilation=tuple(dilation),
-        dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial), feature_group_count=groups,
-        precision=jax.lax.Precision.HIGHEST)
+    y = convolve(x, w, (1,) * n, tuple(conv_pads), tuple(stride), tuple(dilation), groups)
     if bias is not None:
         y = y + jnp.asarray(bias).astype(dt).reshape((-1,) + (1,) * n)
     return y[0] if unbatched else y

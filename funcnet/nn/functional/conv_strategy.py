@@ -1,0 +1,153 @@
+"""How a convolution is computed: XLA's ``lax.conv_general_dilated`` or patches + one ``einsum``
+(im2col), chosen at trace time from static shapes.
+
+XLA:CPU runs some convolutions on a slow path: a kernel that covers (almost) all of a small
+input, as the last stage of a ResNet at 2x2 or 1x1 spatial, is lowered with batch-last
+dimension labels and a reversed kernel and runs 10-50x slower than torch. The same
+convolution as zero padding, one strided slice per kernel tap and one ``dot_general`` over
+(channels, taps) takes a matrix multiply's time. Taps that only ever meet padding are dropped
+first (a 3x3 kernel with padding 1 on a 1x1 input is a 1x1 kernel: a plain matrix multiply).
+The rule (``choose``) and the measurements behind it are in docs/design.md, "Convolution
+strategy".
+
+``strategy("xla" | "im2col" | "auto")`` forces one (a context manager, read when a function
+is traced: a jitted function keeps the strategy it was traced with).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import jax
+import jax.numpy as jnp
+
+STRATEGIES = ("auto", "xla", "im2col", "taps")
+_current = ["auto"]
+_SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
+# im2col when the output has at most this many positions per image and each output sums at
+# least this many products (see docs/design.md)
+SMALL_OUTPUT = 64
+LONG_CONTRACTION = 1024
+
+
+@contextlib.contextmanager
+def strategy(name: str):
+    """Force how convolutions traced inside the block are computed: ``"xla"`` (one
+    ``lax.conv_general_dilated``), ``"im2col"`` (patches + one ``einsum``), ``"taps"`` (a sum
+    over kernel taps of shifted input times weight, elementwise: for depthwise convolutions;
+    other groupings fall back to im2col) or ``"auto"`` (the default: chosen per shape by
+    ``choose``)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"conv strategy must be one of {STRATEGIES}, got {name!r}")
+    old = _current[0]
+    _current[0] = name
+    try:
+        yield
+    finally:
+        _current[0] = old
+
+
+def _taps(size: int, lo: int, lhs_dilation: int, out: int, stride: int, dilation: int, kernel: int):
+    """The kernel taps along one axis that meet input data (not padding) at some output position."""
+    data = {lo + i * lhs_dilation for i in range(size)}
+    return tuple(k for k in range(kernel) if any(o * stride + dilation * k in data for o in range(out)))
+
+
+def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int) -> str:
+    """The strategy for one convolution from its static shapes (docs/design.md has the table):
+    im2col where XLA:CPU's convolution is slow (a kernel that spans the whole input, taps that
+    only meet padding, or few output positions per image with a long contraction) and on a
+    single tap (a matrix multiply); a sum over taps for depthwise; XLA elsewhere.
+    ``contraction``: input channels per group times taps. Accelerators always get XLA's
+    convolution (cuDNN has no such cliff)."""
+    if _current[0] != "auto":
+        return _current[0]
+    if jax.default_backend() != "cpu":
+        return "xla"
+    if any(d != 1 for d in lhs_dilation):
+        return "xla"
+    if depthwise:
+        return "taps"
+    if math.prod(len(t) for t in taps) == 1:
+        return "im2col"
+    cropped = any(len(t) < k for t, k in zip(taps, kernel))
+    spans = all(k >= s for k, s in zip(kernel, in_sizes))
+    if cropped or spans or (math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION):
+        return "im2col"
+    return "xla"
+
+
+def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
+    """``lax.conv_general_dilated(x, w)`` with torch's layouts (``x`` ``(N, C, *spatial)``, ``w``
+    ``(O, C/groups, *kernel)``) at HIGHEST precision, by the strategy ``choose`` picks."""
+    n = x.ndim - 2
+    kernel = w.shape[2:]
+    out = tuple((s * ld - ld + 1 + lo + hi - d * (k - 1) - 1) // st + 1
+                for s, ld, (lo, hi), d, k, st in zip(x.shape[2:], lhs_dilation, pads, rhs_dilation, kernel, stride))
+    taps = tuple(_taps(s, lo, ld, o, st, d, k)
+                 for s, (lo, _), ld, o, st, d, k in zip(x.shape[2:], pads, lhs_dilation, out, stride, rhs_dilation,
+                                                        kernel))
+    depthwise = w.shape[1] == 1 and groups > 1
+    how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise, w.shape[1] * math.prod(kernel))
+    if how == "taps" and not depthwise:
+        how = "im2col"
+    if how == "xla" or any(not t for t in taps):
+        spatial = _SPATIAL[n]
+        return jax.lax.conv_general_dilated(
+            x, w, window_strides=tuple(stride), padding=list(pads), lhs_dilation=tuple(lhs_dilation),
+            rhs_dilation=tuple(rhs_dilation), dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial),
+            feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
+    if how == "taps":
+        return _taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps)
+    return _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps)
+
+
+def _shifted(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
+    """The padded input's strided slice under each kernel tap that meets data, and the weight
+    with the other taps dropped (they only ever multiply zeros)."""
+    zero = jnp.zeros((), x.dtype)
+    x = jax.lax.pad(x, zero, [(0, 0, 0), (0, 0, 0)] + [(lo, hi, ld - 1) for (lo, hi), ld in zip(pads, lhs_dilation)])
+    for axis, (t, k) in enumerate(zip(taps, w.shape[2:])):
+        if len(t) < k:
+            w = jnp.take(w, jnp.asarray(t), axis=axis + 2)
+    cols = []
+    for tap in _product(taps):
+        start = (0, 0, *(d * k for d, k in zip(rhs_dilation, tap)))
+        limit = (*x.shape[:2], *(d * k + st * (o - 1) + 1 for d, k, st, o in zip(rhs_dilation, tap, stride, out)))
+        cols.append(jax.lax.slice(x, start, limit, (1, 1, *stride)))
+    return cols, w
+
+
+def _taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
+    """A depthwise convolution (one input channel per group, ``w`` ``(C*m, 1, *kernel)``) as a
+    sum over taps of shifted input times that tap's weight: elementwise work XLA fuses into one
+    loop, where its grouped convolution and a batched matrix multiply of 1-channel groups crawl."""
+    n = x.ndim - 2
+    cols, w = _shifted(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps)
+    channels = x.shape[1]
+    w = w.reshape(channels, w.shape[0] // channels, len(cols))
+    y = None
+    for t, col in enumerate(cols):
+        term = col[:, :, None] * w[None, :, :, t].reshape(1, channels, -1, *(1,) * n)
+        y = term if y is None else y + term
+    return y.reshape(x.shape[0], -1, *out)
+
+
+def _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps):
+    n = x.ndim - 2
+    cols, w = _shifted(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps)
+    batch, channels, n_taps = x.shape[0], x.shape[1], len(cols)
+    # (N, G, C/G, T, *out) against (G, O/G, C/G, T): one batched matrix multiply per group
+    patches = jnp.stack(cols, axis=2).reshape(batch, groups, channels // groups, n_taps, *out)
+    w = w.reshape(groups, w.shape[0] // groups, w.shape[1], n_taps)
+    letters = "XYZ"[:n]
+    y = jnp.einsum(f"ngct{letters},goct->ngo{letters}", patches, w, precision=jax.lax.Precision.HIGHEST)
+    return y.reshape(batch, -1, *out)
+
+
+def _product(axes):
+    result = [()]
+    for taps in axes:
+        result = [r + (t,) for r in result for t in taps]
+    return result
