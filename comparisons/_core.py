@@ -473,15 +473,17 @@ def torch_processes(worker: Callable[..., Any], args: tuple, nprocs: int):
     return mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method=method)
 
 
-def jax_in_child(module: str, workdir, *, devices: int = 8, x64: bool = False, timeout: float = 1800) -> None:
-    """Run ``python -m module workdir`` with ``devices`` simulated CPU devices (JAX fixes its device
-    count when it starts, so a JAX side that needs more than this process has runs in a child); the
-    child writes its results into ``workdir``. Its stderr's tail is raised if it fails."""
+def jax_in_child(module: str, workdir, *args: str, devices: int = 8, x64: bool = False, xla_flags: str = "",
+                 timeout: float = 1800) -> None:
+    """Run ``python -m module workdir *args`` with ``devices`` simulated CPU devices and ``xla_flags``
+    added to XLA_FLAGS (JAX fixes its device count when it starts, so a JAX side that needs more than
+    this process has runs in a child); the child writes its results into ``workdir``. Its stderr's
+    tail is raised if it fails."""
     import subprocess
 
-    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    flags = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices} {xla_flags}"
     env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1" if x64 else "0")
-    done = subprocess.run([sys.executable, "-m", module, str(workdir)], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", module, str(workdir), *args], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
     if done.returncode:
         raise RuntimeError(f"the JAX part ({module}) failed in its child process:\n{done.stderr[-3000:]}")

@@ -23,9 +23,7 @@ simulated ones.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ from comparisons._core import (
     close,
     equal,
     expect,
+    jax_in_child,
     source,
     torch_processes,
 )
@@ -188,13 +187,8 @@ def jax_pipeline(params, xs, ys, kinds=KINDS):
 
 
 def _jax_in_child(workdir: Path, kinds) -> dict:
-    flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={STAGES}"
-             " --xla_backend_optimization_level=0")
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.pipeline_parallel", str(workdir), *kinds], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.pipeline_parallel", workdir, *kinds, devices=STAGES,
+                 xla_flags="--xla_backend_optimization_level=0", timeout=600)
     out = json.loads((workdir / "jax.json").read_text())
     for run in out["runs"].values():
         for k in ("grads", "params"):
