@@ -4,28 +4,14 @@ Forward (eval) and an SGD-momentum train step, funcnet against torch eager (and 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from torch import nn as tnn
 
-
-class TorchBasicBlock(tnn.Module):
-    def __init__(self, inplanes, planes, stride=1):
-        super().__init__()
-        self.conv1 = tnn.Conv2d(inplanes, planes, 3, stride, 1, bias=False)
-        self.bn1 = tnn.BatchNorm2d(planes)
-        self.relu = tnn.ReLU()
-        self.conv2 = tnn.Conv2d(planes, planes, 3, 1, 1, bias=False)
-        self.bn2 = tnn.BatchNorm2d(planes)
-        self.downsample = None
-        if stride != 1 or inplanes != planes:
-            self.downsample = tnn.Sequential(tnn.Conv2d(inplanes, planes, 1, stride, bias=False),
-                                             tnn.BatchNorm2d(planes))
-
-    def forward(self, x):
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        identity = x if self.downsample is None else self.downsample(x)
-        return self.relu(out + identity)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from port_resnet import TorchBasicBlock  # noqa: E402  (torchvision's block, written once in the example)
 
 
 def torch_resnet18(widths=(64, 128, 256, 512), num_classes=10):
