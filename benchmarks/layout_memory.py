@@ -1,6 +1,6 @@
 """The layout planner against XLA's memory analysis: one small GPT's train step on 8 simulated-CPU layouts.
 
-``python benchmarks/layout_memory.py`` prints the README's planner-vs-measured table: for
+``python benchmarks/layout_memory.py`` prints the memory guide's planner-vs-measured table: for
 each ``(data, fsdp, model)`` mesh, the compiled step's per-device arguments and temps
 (``compiled.memory_analysis()``) against ``funcnet.memory.layout.plan``'s params + Adam
 state and its gradients + gradient reduction buffer + activations, and the collectives the

@@ -173,6 +173,14 @@ def test_defaults_reach_95_percent_and_the_same_seed_gives_the_same_file(tmp_pat
     assert len(metrics["history"]) == 20 and metrics["final"]["test_accuracy"] >= 0.95
     assert (tmp_path / "a" / "params.npz").read_bytes() == (tmp_path / "b" / "params.npz").read_bytes()
     assert (tmp_path / "a" / "loss.png").stat().st_size > 0
+    # the accuracy docs/getting-started.md states for this run, to the two decimals it gives
+    import re
+
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text().split())
+    stated = re.search(r"It reaches ([\d.]+)% test accuracy \(`tests/test_cli.py` runs the default command", page)
+    assert stated, "docs/getting-started.md no longer states the default run's test accuracy"
+    assert stated.group(1) == f"{100 * metrics['final']['test_accuracy']:.2f}", \
+        (stated.group(1), metrics["final"]["test_accuracy"])
 
 
 # ---- docs/errors.md ----------------------------------------------------------------------

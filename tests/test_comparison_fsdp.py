@@ -15,7 +15,7 @@ def test_fsdp_comparison_passes():
     assert "ZeRO-3 on 2 device(s): per-device argument bytes == each array's shard + batch/N" in names
     torch_line = next(c for c in result.checks if c.name.startswith("final params: JAX ZeRO-3 == torch"))
     assert "max |diff|" in torch_line.detail
-    _readme_table_matches(result)
+    _guide_table_matches(result)
 
 
 # slow: a second full run (torch FSDP2 in 2 gloo processes and the JAX programs, ~25-40 s); the
@@ -32,8 +32,8 @@ def test_a_perturbed_jax_weight_fails_the_torch_checks_only():
     assert not result.ok
 
 
-def _readme_table_matches(result):
-    """README's per-device memory table (arguments + temps) holds the bytes this run printed, for the
+def _guide_table_matches(result):
+    """The parallel guide's per-device memory table (arguments + temps) holds the bytes this run printed, for the
     device counts and ZeRO levels it ran (the full table: python -m comparisons fsdp)."""
     import re
     from pathlib import Path
@@ -43,8 +43,8 @@ def _readme_table_matches(result):
         m = re.fullmatch(r"\s*(\d+)\s+(\d+)\s+([\d,]+)\s+([\d,]+)(?:\s+\d+){3}", line)
         if m:
             printed[int(m[1]), int(m[2])] = int(m[3].replace(",", "")) + int(m[4].replace(",", ""))
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    table = readme.split("| devices | replicated (DDP) | ZeRO-1 | ZeRO-3 |", 1)[1]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "parallel.md").read_text()
+    table = guide.split("| devices | replicated (DDP) | ZeRO-1 | ZeRO-3 |", 1)[1]
     rows = {int(m[1]): (int(m[2].replace(",", "")), int(m[4].replace(",", "")))
             for m in re.finditer(r"^\| (\d+) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$", table.split("\n\n")[0], re.M)}
     assert {(1, 0), (2, 0), (1, 3), (2, 3)} <= set(printed), printed

@@ -158,6 +158,13 @@ def test_concept_map_matches_the_readme():
     assert rows == expected
 
 
+def test_the_concept_map_names_every_comparison():
+    from comparisons.__main__ import available
+
+    named = {name for _, _, names in CONCEPTS for name in names}
+    assert named == set(available()), (sorted(set(available()) - named), sorted(named - set(available())))
+
+
 def test_render_escapes_and_marks_failures():
     html = render([_failing()])
     assert 'class="badge fail"' in html and "one is not two" in html and "rtol 0, atol 0" in html

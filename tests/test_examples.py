@@ -1,6 +1,6 @@
 """Every example runs, at its ``--quick`` setting, with its exit status and stated result checked.
 
-The full-size runs (the figures the README quotes) take minutes each on 2 cores, so they
+The full-size runs (the figures the docs quote) take minutes each on 2 cores, so they
 stay out of the default suite; run them with
 
     FUNCNET_FULL_EXAMPLES=1 python -m pytest -q -n 0 tests/test_examples.py -k full
@@ -62,7 +62,7 @@ def test_example_quick(name):
 def test_example_full(name):
     done = run_example(name, timeout=3600)
     assert done.returncode == 0, f"examples/{name}.py exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    if name == "loss_scaling_underflow":  # the README's figures are this run's
+    guide = " ".join((ROOT / "docs" / "guides" / "mixed-precision.md").read_text().split())
+    if name == "loss_scaling_underflow":  # the mixed-precision guide's figures are this run's
         lo, hi, slo, shi = re.search(RESULT[name][0], done.stdout).groups()
-        assert f"without scaling {lo}%-{hi}% of the float16" in readme and f"2**16, {slo}%-{shi}% do" in readme
+        assert f"without scaling {lo}%-{hi}% of the float16" in guide and f"2**16, {slo}%-{shi}% do" in guide

@@ -19,7 +19,7 @@ def test_public_names_are_exported():
         assert name in funcnet.__all__, name
 
 
-def test_readme_quick_start_runs():
+def test_getting_started_quick_start_runs():
     import re
     from pathlib import Path
 
@@ -27,12 +27,12 @@ def test_readme_quick_start_runs():
     import numpy as np
     import torch
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, re.S).group(1)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    block = re.search(r"## Quick start\n\n```python\n(.*?)```", page, re.S).group(1)
     torch.manual_seed(0)
     names = {"x": np.ones((4, 64), np.float32), "k": jax.random.key(9),
              "torch_model": torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))}
-    exec(compile(block, "README.md quick start", "exec"), names)
+    exec(compile(block, "getting-started.md quick start", "exec"), names)
     params = names["params"]
     for key, tensor in names["torch_model"].state_dict().items():  # load_state_dict took torch's weights
         np.testing.assert_array_equal(np.asarray(names["funcnet"].state_dict(params)[key]), tensor.numpy())
@@ -40,7 +40,7 @@ def test_readme_quick_start_runs():
     assert names["metrics"]["loss"].shape == (len(names["x_tr"]) // 32,)
 
 
-def test_readme_state_and_composite_examples_run_as_written():
+def test_getting_started_state_and_composite_examples_run_as_written():
     """The Quick start's second and third blocks: a BatchNorm model with state against its torch
     twin's state_dict, and the BasicBlock Composite with torch's state_dict keys."""
     import re
@@ -48,7 +48,7 @@ def test_readme_state_and_composite_examples_run_as_written():
 
     import numpy as np
 
-    section = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## Quick start", 1)[1]
+    section = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text().split("## Quick start", 1)[1]
     section = section.split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 3
