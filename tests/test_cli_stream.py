@@ -63,6 +63,16 @@ def test_writes_the_split_once_then_reads_it_and_trains_as_fit_on_a_loader(tmp_p
     for k, v in state_dict(state.params, model=model).items():
         np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
 
+    # --max-steps stops inside epoch 2 (11 steps an epoch), as fit(max_steps=) on the Loader does
+    status, out, err = run_main(["train", *TINY, "--epochs", "2", "--max-steps", "15", "--stream", str(records),
+                                 "--out", str(tmp_path / "c")])
+    assert status == 0, err
+    assert "trained 15 steps (--max-steps) in 2 epochs" in out
+    _, history = train.fit(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te), epochs=2,
+                           max_steps=15, key=jax.random.key(0), progress=False)
+    assert [r["step"] for r in history] == [11, 15]
+    assert json.loads(_outputs(tmp_path / "c")[1])["history"] == history
+
 
 # slow: a kill mid-epoch and a resume of the stream loader are checked bitwise by default in-process
 # (tests/test_loader.py), and BatchNorm's statistics through a CLI resume by tests/test_cli_models.py

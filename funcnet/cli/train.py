@@ -312,8 +312,5 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
-    if args.max_steps is not None and args.stream is not None:
-        raise UsageError(f"--max-steps {args.max_steps} is not supported with --stream yet; leave one of them out "
-                         f"(--epochs limits a streamed run)")
     _check_stream_flags(args)
     _check_out(args)
