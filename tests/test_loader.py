@@ -102,21 +102,15 @@ def test_kill_mid_epoch_and_resume_ends_bitwise_equal(records, tmp_path):
     key = lambda: jax.random.key(0)  # a fresh key each run: the suite checks key reuse
     whole, whole_history = train.fit(model, tx, lo, epochs=2, key=key())
 
-    def save_then_die(state, position):
-        checkpoint.save(tmp_path, state, step=int(state.step),
-                        metadata={"epoch": position.epoch,
-                                  **{k: np.asarray(v).tolist() for k, v in position.metrics.items()}})
-        if int(state.step) == 8:  # step 2 of epoch 2 (6 steps an epoch)
+    def die(state, position):
+        if int(state.step) == 8:  # step 2 of epoch 2 (6 steps an epoch), just saved
             raise Killed
 
     with pytest.raises(Killed):
-        train.fit(model, tx, lo, epochs=2, key=key(), callbacks=[callbacks.Callback(on_steps=save_then_die,
-                                                                                     every_steps=4)])
-    template = train.create_train_state(model, tx, key())
-    state = checkpoint.restore(tmp_path, template)
-    meta = checkpoint.read_metadata(tmp_path)
-    start = train.Position(meta.pop("epoch"), metrics={k: np.asarray(v, np.float32) for k, v in meta.items()})
-    assert int(state.step) == 8 and start.epoch == 1 and len(start.metrics["loss"]) == 2
+        train.fit(model, tx, lo, epochs=2, key=key(), callbacks=[callbacks.ModelCheckpoint(tmp_path, every_steps=4),
+                                                                  callbacks.Callback(on_steps=die, every_steps=4)])
+    state, start = callbacks.resume(tmp_path, train.create_train_state(model, tx, key()))
+    assert int(state.step) == 8 and start.epoch == 1 and len(start.metrics["loss"]) == 2 and start.perm_key is None
     resumed, history = train.fit(model, tx, lo, epochs=2, key=key(), state=state, start=start)
     for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
