@@ -73,9 +73,10 @@ def _start(start: Position | None, done: int, per_epoch: int) -> list:
 def fit_loader(model, tx, loader, test_data=None, *, epochs: int, key, loss_fn, metrics: Callable,
                accum_steps: int, policy: Any, loss_scale: Any, callbacks: tuple, state=None,
                start: Position | None = None, max_steps: int | None = None, progress: bool = True,
-               check_finite: bool = True, progress_bar: Callable):
+               check_finite: bool = True, progress_bar: Callable, epoch_record: Callable):
     """``fit``'s loop over ``loader``'s batches (module docstring); ``(state, history)``.
-    ``progress_bar``: ``fit``'s ``_EpochProgress``. Arguments ``fit`` checked already are not rechecked."""
+    ``progress_bar``, ``epoch_record``: ``fit``'s ``_EpochProgress`` and ``_epoch_record`` (passed in:
+    ``funcnet.train`` imports this module). Arguments ``fit`` checked already are not rechecked."""
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1 \
             or loader.batch_size % accum_steps:
         raise ValueError(f"fit: accum_steps must be a positive int dividing the loader's batch_size "
@@ -104,11 +105,9 @@ def fit_loader(model, tx, loader, test_data=None, *, epochs: int, key, loss_fn, 
         if pending:
             parts.append(_stack(pending))
             pending.clear()
-        from funcnet.train import _epoch_record
-
         epoch_metrics = _joined(parts)
         parts.clear()
-        return _epoch_record(-(-s // per_epoch), state, epoch_metrics, model, test_data, loss_fn=loss_fn,
+        return epoch_record(-(-s // per_epoch), state, epoch_metrics, model, test_data, loss_fn=loss_fn,
                              metrics=metrics, check_finite=check_finite), len(epoch_metrics["loss"])
 
     with progress_bar(progress, epochs, done // per_epoch) as bar, loader.batches(done, stop) as batches:

@@ -290,7 +290,7 @@ def _fit_loader(model, tx, loader, test_data, *, batch_size, strategy, devices, 
     if batch_size is not None and batch_size != loader.batch_size:
         raise ValueError(f"fit: batch_size={batch_size!r} but the Loader gives batches of {loader.batch_size}; leave "
                          f"batch_size out (the Loader's is used) or build the Loader with batch_size={batch_size!r}")
-    return fit_loader(model, tx, loader, test_data, progress_bar=_EpochProgress, **kw)
+    return fit_loader(model, tx, loader, test_data, progress_bar=_EpochProgress, epoch_record=_epoch_record, **kw)
 
 
 def _at_stop(callbacks, on_steps, max_steps):
