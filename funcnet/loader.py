@@ -19,8 +19,9 @@ batches already on the device (``grain.experimental.device_put``).
   ``np.random.Generator`` drawn from ``(seed, position in the run)`` (grain's ``random_map``),
   so a batch is the same whichever worker builds it and whenever it is rebuilt.
 - Position: batch ``s`` of the run is a pure function of ``(files, seed, batch_size, s)``;
-  ``fit_stream`` takes it from ``state.step``, so a run killed mid-epoch and resumed from a
-  saved ``TrainState`` sees the same batches and ends bitwise equal to an uninterrupted one.
+  ``funcnet.train.fit(model, tx, loader, ...)`` takes it from ``state.step``, so a run killed
+  mid-epoch and resumed from a saved ``TrainState`` sees the same batches and ends bitwise
+  equal to an uninterrupted one (``funcnet.fit_loader``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import numpy as np
 
 from funcnet.record_checks import check_meta
 
-__all__ = ["CropFlip", "Loader", "Records", "fit_stream", "write_records"]
+__all__ = ["CropFlip", "Loader", "Records", "write_records"]
 
 _META = "records.json"
 _NO_SHARED_MEMORY = 2**62  # grain's min_shm_size: no batch is that large
@@ -345,105 +346,3 @@ class _Closing:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def fit_stream(model, tx, loader: Loader, test_data=None, *, epochs: int, key, state=None, loss_fn=None,
-               accum_steps: int = 1, policy: Any = None, loss_scale: Any = None, metrics: Callable | None = None,
-               progress: bool = True, on_epoch: Callable | None = None, every_steps: int | None = None,
-               on_steps: Callable | None = None, partial_metrics: dict | None = None, devices: int | None = None,
-               parallel: str | None = None, check_finite: bool = True):
-    """``funcnet.fit`` for data streamed from disk: ``(state, history)`` after epoch ``epochs``.
-
-    Each batch from ``loader`` goes through one ``make_step(model, tx, loss_fn, accum_steps=,
-    policy=, metrics=)`` call (a model with state, e.g. BatchNorm, carries it in
-    ``state.model_state``). The history holds one record per epoch run, with ``fit``'s keys:
-    ``epoch``, ``step``, ``train_loss`` and ``train_accuracy`` (the mean of the per-step
-    metrics), ``skipped_steps`` and ``loss_scale`` with a loss scale, and ``test_loss``,
-    ``test_accuracy`` from ``train.evaluate`` on ``test_data=(x, y)`` (in memory) at each
-    epoch's end. ``progress``: fit's progress bar, one tick per epoch.
-
-    Where the run stands is ``state.step``: batch ``state.step`` is next. With
-    ``every_steps=n``, ``on_steps(state, partial_metrics)`` is called whenever ``state.step``
-    reaches a multiple of n inside an epoch; to resume, pass that ``state`` and
-    ``partial_metrics`` (the epoch's per-step metrics so far, numpy) back: the run then ends
-    bitwise equal to an uninterrupted one. ``on_epoch(state, record)`` after each epoch.
-
-    ``check_finite`` (as in ``fit``): ``test_data`` with NaN/Inf is refused before anything
-    compiles, and a non-finite epoch loss or parameter raises ``guards.NonFiniteLossError``
-    naming the epoch before ``on_epoch`` sees the record, so a checkpoint callback keeps the
-    last good state. The streamed inputs are not scanned beforehand (they may not fit in
-    memory): a NaN among them shows as a NaN loss. ``on_steps`` gets its state unchecked, as
-    in ``fit``: a callback that saves mid-epoch checks ``partial_metrics["loss"]`` itself
-    (``guards.check_finite_losses``).
-
-    One device only: ``devices`` > 1 or a ``parallel`` kind are refused (stream into
-    ``fit``'s data parallelism is not built; train in memory with ``fit(devices=N)``).
-    """
-    import jax
-
-    from funcnet import guards as _guards
-    from funcnet import losses as _losses
-    from funcnet import train as _train
-
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"fit_stream: epochs must be a non-negative int, got {epochs!r}")
-    if every_steps is not None and (isinstance(every_steps, bool) or not isinstance(every_steps, int)
-                                    or every_steps < 1):
-        raise ValueError(f"fit_stream: every_steps must be a positive int or None, got {every_steps!r}")
-    if not isinstance(loader, Loader):
-        raise TypeError(f"fit_stream: loader must be a funcnet.loader.Loader, got {type(loader).__name__}")
-    if devices not in (None, 1) or parallel is not None:
-        raise ValueError(f"fit_stream: devices={devices!r}, parallel={parallel!r}: fit_stream trains on one device "
-                         f"(data parallelism over streamed batches is not built); leave devices and parallel out, "
-                         f"or train in memory with funcnet.train.fit(..., devices=N)")
-    if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1 \
-            or loader.batch_size % accum_steps:
-        raise ValueError(f"fit_stream: accum_steps must be a positive int dividing the loader's batch_size "
-                         f"{loader.batch_size} into equal micro-batches, got {accum_steps!r}")
-    _guards.check_tx(tx, "fit_stream")
-    if test_data is not None:
-        x_te, y_te = test_data = _guards.check_pair(test_data, "test_data", "fit_stream")
-        if check_finite:
-            _guards.check_finite(x_te, "test_data x", "fit_stream")
-            _guards.check_finite(y_te, "test_data y", "fit_stream")
-    loss_fn = _losses.cross_entropy if loss_fn is None else loss_fn
-    metrics = _train.default_metrics if metrics is None else metrics
-    step_fn = _train.make_step(model, tx, loss_fn, accum_steps=accum_steps, policy=policy, metrics=metrics)
-    if state is None:
-        state = _train.create_train_state(model, tx, key, loss_scale=loss_scale, policy=policy)
-    if test_data is not None:  # the test labels against the model's outputs; label 0 of the first pair fits any
-        _train._check_label_range(model, state.params, state.model_state, {"test": (x_te, y_te)}, "fit_stream")
-    per_epoch, done = loader.steps_per_epoch, int(state.step)
-    if done > epochs * per_epoch:
-        raise ValueError(f"fit_stream: state.step is {done}, past the {epochs} epochs x {per_epoch} steps asked for")
-    parts = [partial_metrics] if partial_metrics is not None and done % per_epoch else []
-    if sum(len(p["loss"]) for p in parts) != done % per_epoch:
-        raise ValueError(f"fit_stream: state.step {done} is step {done % per_epoch} of its epoch, so partial_metrics "
-                         f"must hold that many steps; pass the ones on_steps gave with this state")
-    history, pending = [], []
-
-    def flush():
-        if pending:
-            parts.append(jax.tree.map(lambda *m: np.stack([np.asarray(v) for v in m]), *pending))
-            pending.clear()
-
-    with _train._EpochProgress(progress, epochs, done // per_epoch) as bar, \
-            loader.batches(done, epochs * per_epoch) as batches:
-        for s, batch in enumerate(batches, start=done):
-            state, step_metrics = step_fn(state, batch)
-            pending.append(step_metrics)
-            s += 1
-            if s % per_epoch == 0:
-                flush()
-                epoch_metrics = jax.tree.map(lambda *p: np.concatenate(p), *parts)
-                parts.clear()
-                record = _train._epoch_record(s // per_epoch, state, epoch_metrics, model, test_data, loss_fn=loss_fn,
-                                              metrics=metrics, check_finite=check_finite)
-                history.append(record)
-                if on_epoch is not None:
-                    on_epoch(state, record)
-                bar.advance(record)
-            elif every_steps is not None and on_steps is not None and s % every_steps == 0:
-                flush()
-                on_steps(state, jax.tree.map(lambda *p: np.concatenate(p), *parts))
-    return state, history

@@ -42,7 +42,7 @@ __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epo
 
 def _epoch_record(epoch: int, state: TrainState, epoch_metrics: dict, model: Module, test_data=None, *,
                  loss_fn=_losses.cross_entropy, metrics: Callable = default_metrics, check_finite: bool = True) -> dict:
-    """The history record of epoch ``epoch`` (1-based) that ``fit`` and ``loader.fit_stream`` return:
+    """The history record of epoch ``epoch`` (1-based) that ``fit`` returns (arrays or a ``Loader``):
     ``epoch``, ``step``, ``train_<metric>`` as the mean of the per-step metrics, ``skipped_steps``
     and the last ``loss_scale`` with a loss scale, ``test_<metric>`` from ``evaluate`` on
     ``test_data``. With ``check_finite``, a non-finite loss or parameter raises
@@ -157,7 +157,7 @@ def _grouped(old: dict, precision, strategy, callbacks):
 
 
 def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=None, *,
-        epochs: int, batch_size: int, key: jax.Array, loss_fn=_losses.cross_entropy,
+        epochs: int, batch_size: int | None = None, key: jax.Array, loss_fn=_losses.cross_entropy,
         metrics: Callable = default_metrics, accum_steps: int = 1,
         precision: Any = None, strategy: Any = None, devices: int | None = None, callbacks=(),
         state: TrainState | None = None, start: Position | None = None, max_steps: int | None = None,
@@ -166,6 +166,11 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
 
     torch counterpart: Lightning's ``Trainer(max_epochs=..., precision=..., strategy=...,
     devices=..., callbacks=[...]).fit(model, train_loader, val_loader)``.
+
+    ``train_data``: ``(x, y)`` arrays in memory, shuffled each epoch from ``key``, in batches of
+    ``batch_size``; or a ``funcnet.loader.Loader`` streaming records from disk (its own batch
+    size, order and workers; one device), whose position is ``state.step``: see
+    ``funcnet.fit_loader`` for what differs. ``test_data``: ``(x, y)`` in memory.
 
     - ``precision``: ``"32"`` (default), ``"bf16-mixed"``, ``"16-mixed"`` (float16 with a
       dynamic loss scale, torch's GradScaler), a ``precision.Policy``, or
@@ -203,6 +208,14 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         raise ValueError(f"max_steps must be a positive int or None (no limit), got {max_steps!r}")
     callbacks = _callbacks.check(callbacks)
     policy, loss_scale = _precision.resolve_precision(precision)
+    if _is_loader(train_data):
+        return _fit_loader(model, tx, train_data, test_data, epochs=epochs, batch_size=batch_size, key=key,
+                           loss_fn=loss_fn, metrics=metrics, accum_steps=accum_steps, policy=policy,
+                           loss_scale=loss_scale, strategy=strategy, devices=devices, callbacks=callbacks, state=state,
+                           start=start, max_steps=max_steps, progress=progress, check_finite=check_finite)
+    if batch_size is None:
+        raise TypeError("fit: batch_size is needed for (x, y) arrays, e.g. fit(..., batch_size=128); a "
+                        "funcnet.loader.Loader brings its own")
     strategy = _strategy.resolve(strategy, devices)
     if check_finite:
         _guards.check_fit_args(tx, train_data, test_data)
@@ -258,6 +271,26 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
             if max_steps is not None and steps_done >= max_steps:
                 break
     return run.get(state), history
+
+
+def _is_loader(data) -> bool:
+    from funcnet.loader import Loader  # no grain or torch at import: the loader reads them lazily
+
+    return isinstance(data, Loader)
+
+
+def _fit_loader(model, tx, loader, test_data, *, batch_size, strategy, devices, **kw):
+    """``fit`` over a streaming ``Loader`` (``funcnet.fit_loader``): one device, the loader's batch size."""
+    from funcnet.fit_loader import fit_loader
+
+    if strategy is not None or devices not in (None, 1):
+        raise ValueError(f"fit: strategy={strategy!r}, devices={devices!r} with a funcnet.loader.Loader: streamed "
+                         f"batches train on one device (data parallelism over them is not built); leave strategy "
+                         f"and devices out, or train in memory with fit(model, tx, (x, y), devices=N)")
+    if batch_size is not None and batch_size != loader.batch_size:
+        raise ValueError(f"fit: batch_size={batch_size!r} but the Loader gives batches of {loader.batch_size}; leave "
+                         f"batch_size out (the Loader's is used) or build the Loader with batch_size={batch_size!r}")
+    return fit_loader(model, tx, loader, test_data, progress_bar=_EpochProgress, epoch_record=_epoch_record, **kw)
 
 
 def _at_stop(callbacks, on_steps, max_steps):

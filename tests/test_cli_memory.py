@@ -78,9 +78,9 @@ def test_tables_print_every_figure_whole_at_80_columns(terminal, capsys, monkeyp
     for row, lay in zip(rows, lays):
         plan = ml.plan(SEVEN_B, lay, device_memory=80 * 10**9)
         cells = [c.strip() for c in row.strip("│").split("│")]
-        assert cells[4] == lay.remat
-        assert cells[5:12] == [f"{v / 1e9:,.2f}" for v in (plan.params, plan.grads, plan.reduce_buffer, plan.master,
-                                                             plan.optimizer, plan.activations, plan.total)], row
+        assert cells[3:6] == ["1", "yes" if lay.sp else "-", lay.remat]  # pp, sp, remat
+        assert cells[6:14] == [f"{v / 1e9:,.2f}" for v in (plan.params, plan.grads, plan.reduce_buffer, plan.accum_buffer,
+                                                             plan.master, plan.optimizer, plan.activations, plan.total)], row
     assert memory_command.main(SHAPE) == 0  # the estimate table and the grid
     out = _plain(capsys.readouterr().out)
     assert "…" not in out and "247,245,832,192" in out
@@ -154,3 +154,34 @@ def test_zero_prints_the_zero_papers_first_figure(stage, paper_gb, capsys):
 def test_zero_with_contradicting_flags_is_refused(flags, message, capsys):
     err = refused(["--params", "7.5B"] + flags, capsys)
     assert message in err, err
+
+
+def test_pipeline_flags_give_the_first_stages_plan(capsys):
+    flags = ["--tp", "2", "--pp", "4", "--microbatches", "8", "--schedule", "gpipe", "--remat", "selective"]
+    assert memory_command.main(SHAPE + flags + ["--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["layouts"]
+    plan = ml.plan(SEVEN_B, ml.Layout(tp=2, pp=4, microbatches=8, schedule="gpipe", remat="selective",
+                                      precision="bf16"))
+    assert got == [{**{k: v for k, v in plan._asdict().items() if k != "layout"}, "layout": plan.layout._asdict()}]
+    assert got[0]["layout"]["pp"] == 4 and plan.accum_buffer == plan.grads > 0
+    assert memory_command.main(SHAPE + flags) == 0
+    out = " ".join(_plain(capsys.readouterr().out).split())
+    assert "the first stage holds 8 of the 8 microbatches' activations (1 sequence each)" in out
+    assert "Korthikanti et al. 2022, section 4.2.3" in out and "Rajbhandari et al. 2020" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pp", "3"], "pp=3 stages do not split the 32 layers"),
+    (["--pp", "2", "--dp", "2", "--microbatches", "8"],
+     "the batch of 4 sequences per data replica (global batch 8 over dp x fsdp = 2) does not split into microbatches=8"),
+    (["--pp", "0"], "--pp 0: expected an int from 1 to"),
+    (["--layouts", "8", "--pp", "2"], "--layouts 8 lists dp x fsdp x tp layouts without a pipeline, so --pp contradicts"),
+    (["--pp", "2", "--schedule", "zb"], "argument --schedule: invalid choice"),
+])
+def test_impossible_pipelines_are_refused_naming_both_numbers(flags, message, capsys):
+    assert message in refused(SHAPE + flags, capsys)
+
+
+def test_pipeline_flags_without_a_transformer_or_with_zero_are_refused(capsys):
+    assert "need --transformer" in refused(["--params", "7B", "--pp", "2"], capsys)
+    assert "--pp describes" in refused(["--params", "7B", "--zero", "1", "--dp", "8", "--pp", "2"], capsys)

@@ -1,7 +1,7 @@
 """`funcnet train --stream DIR --workers K`: training from record shards on disk.
 
-Oracles: the digits split as numpy arrays (what the records must hold), loader.fit_stream
-called directly on the same files, an uninterrupted run for kill-and-resume, and the
+Oracles: the digits split as numpy arrays (what the records must hold), funcnet.train.fit
+called directly on a Loader of the same files, an uninterrupted run for kill-and-resume, and the
 in-memory path's exit status and messages for a NaN run.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import checkpoint, cli, data, loader, nn, state_dict
+from funcnet import checkpoint, cli, data, loader, nn, state_dict, train
 
 from tests.test_cli import run_main
 
@@ -31,7 +31,7 @@ def _outputs(out):
     return np.load(out / "params.npz"), (out / "metrics.json").read_bytes()
 
 
-def test_writes_the_split_once_then_reads_it_and_trains_as_fit_stream(tmp_path):
+def test_writes_the_split_once_then_reads_it_and_trains_as_fit_on_a_loader(tmp_path):
     records = tmp_path / "records"
     status, out, err = run_main(["train", *TINY, "--epochs", "2", "--stream", str(records), "--out",
                                  str(tmp_path / "a")])
@@ -55,13 +55,23 @@ def test_writes_the_split_once_then_reads_it_and_trains_as_fit_stream(tmp_path):
 
     # the library on the same files, with the command's defaults: Adam 1e-3, MLP 64-8-10, seed 0
     model = nn.MLP([64, 8, 10])
-    state, history = loader.fit_stream(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te),
-                                       epochs=2, key=jax.random.key(0), progress=False)
+    state, history = train.fit(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te),
+                               epochs=2, key=jax.random.key(0), progress=False)
     metrics = json.loads(text)
     assert metrics["history"] == history and metrics["config"]["stream"] == str(records)
     assert "workers" not in metrics["config"]  # never changes the numbers
     for k, v in state_dict(state.params, model=model).items():
         np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
+
+    # --max-steps stops inside epoch 2 (11 steps an epoch), as fit(max_steps=) on the Loader does
+    status, out, err = run_main(["train", *TINY, "--epochs", "2", "--max-steps", "15", "--stream", str(records),
+                                 "--out", str(tmp_path / "c")])
+    assert status == 0, err
+    assert "trained 15 steps (--max-steps) in 2 epochs" in out
+    _, history = train.fit(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te), epochs=2,
+                           max_steps=15, key=jax.random.key(0), progress=False)
+    assert [r["step"] for r in history] == [11, 15]
+    assert json.loads(_outputs(tmp_path / "c")[1])["history"] == history
 
 
 # slow: a kill mid-epoch and a resume of the stream loader are checked bitwise by default in-process

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import checkpoint, data, guards, loader, models, nn, precision, train
+from funcnet import callbacks, checkpoint, data, guards, loader, models, nn, precision, train
 
 N, SHAPE = 50, (1, 6, 6)
 
@@ -100,26 +100,41 @@ def test_kill_mid_epoch_and_resume_ends_bitwise_equal(records, tmp_path):
     model, tx = nn.MLP([36, 16, 5], dropout=0.2), optax.adam(1e-2)  # dropout: the key must resume too
     lo = loader.Loader(directory, 8, seed=2, augment=loader.CropFlip(1))
     key = lambda: jax.random.key(0)  # a fresh key each run: the suite checks key reuse
-    whole, whole_history = loader.fit_stream(model, tx, lo, epochs=2, key=key())
+    whole, whole_history = train.fit(model, tx, lo, epochs=2, key=key())
 
-    def save_then_die(state, partial):
-        checkpoint.save(tmp_path, state, step=int(state.step),
-                        metadata={k: np.asarray(v).tolist() for k, v in partial.items()})
-        if int(state.step) == 8:  # step 2 of epoch 2 (6 steps an epoch)
+    def die(state, position):
+        if int(state.step) == 8:  # step 2 of epoch 2 (6 steps an epoch), just saved
             raise Killed
 
     with pytest.raises(Killed):
-        loader.fit_stream(model, tx, lo, epochs=2, key=key(), every_steps=4, on_steps=save_then_die)
-    template = train.create_train_state(model, tx, key())
-    state = checkpoint.restore(tmp_path, template)
-    partial = {k: np.asarray(v, np.float32) for k, v in checkpoint.read_metadata(tmp_path).items()}
-    assert int(state.step) == 8 and len(partial["loss"]) == 2
-    resumed, history = loader.fit_stream(model, tx, lo, epochs=2, key=key(), state=state, partial_metrics=partial)
+        train.fit(model, tx, lo, epochs=2, key=key(), callbacks=[callbacks.ModelCheckpoint(tmp_path, every_steps=4),
+                                                                  callbacks.Callback(on_steps=die, every_steps=4)])
+    state, start = callbacks.resume(tmp_path, train.create_train_state(model, tx, key()))
+    assert int(state.step) == 8 and start.epoch == 1 and len(start.metrics["loss"]) == 2 and start.perm_key is None
+    resumed, history = train.fit(model, tx, lo, epochs=2, key=key(), state=state, start=start)
     for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert int(resumed.step) == int(whole.step) == 12
     assert history == whole_history[1:]  # the interrupted epoch's record, bit for bit
     assert whole_history[1]["train_loss"] < whole_history[0]["train_loss"] * 1.5  # it trains, finitely
+
+
+def test_max_steps_stops_inside_an_epoch_and_a_longer_run_continues_it_exactly(records):
+    directory, _, _ = records
+    model, tx = nn.MLP([36, 5]), optax.sgd(0.1)
+    lo = loader.Loader(directory, 8, seed=1)  # 6 steps an epoch
+    whole, whole_history = train.fit(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False)
+    seen = []
+    stopped, history = train.fit(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False, max_steps=9,
+                                 callbacks=[callbacks.Callback(on_steps=lambda s, p: seen.append(p), every_steps=100)])
+    assert [r["step"] for r in history] == [6, 9] and int(stopped.step) == 9
+    assert [(p.epoch, len(p.metrics["loss"])) for p in seen] == [(1, 3)]  # the position to resume from, at the stop
+    assert history[0] == whole_history[0]
+    resumed, rest = train.fit(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False, state=stopped,
+                              start=seen[0])
+    assert rest == whole_history[1:]
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bad_arguments_are_named(records, tmp_path):
@@ -134,19 +149,26 @@ def test_bad_arguments_are_named(records, tmp_path):
         loader.CropFlip(1)((np.zeros(4), 0), np.random.default_rng(0))
     lo = loader.Loader(directory, 8)
     model, tx = nn.MLP([36, 5]), optax.sgd(0.1)
-    with pytest.raises(ValueError, match="partial_metrics"):
-        state = train.create_train_state(model, tx, jax.random.key(0))._replace(step=np.int32(3))
-        loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), state=state)
-    with pytest.raises(ValueError, match=r"devices=2, parallel=None: fit_stream trains on one device"):
-        loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), devices=2)
+    fit = lambda *test, **kw: train.fit(model, tx, lo, *test, epochs=1, key=jax.random.key(0), **kw)
+    state = train.create_train_state(model, tx, jax.random.key(0))._replace(step=np.int32(3))
+    with pytest.raises(ValueError, match=r"state.step 3 is step 3 of epoch 1 .* pass start=Position\(0, metrics"):
+        fit(state=state)
+    with pytest.raises(ValueError, match="start.metrics must hold that many steps, got 2"):
+        fit(state=state, start=train.Position(0, metrics={"loss": np.zeros(2)}))
+    with pytest.raises(ValueError, match="start.epoch is 1 but state.step 3 is in epoch 1"):
+        fit(state=state, start=train.Position(1, metrics={"loss": np.zeros(3)}))
+    with pytest.raises(ValueError, match="start.perm_key is for in-memory data"):
+        fit(state=state, start=train.Position(0, jax.random.key(1), {"loss": np.zeros(3)}))
+    with pytest.raises(ValueError, match=r"strategy=None, devices=2 with a funcnet.loader.Loader"):
+        fit(devices=2)
+    with pytest.raises(ValueError, match="batch_size=4 but the Loader gives batches of 8"):
+        fit(batch_size=4)
     with pytest.raises(ValueError, match="accum_steps must be a positive int dividing the loader's batch_size 8"):
-        loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), accum_steps=3)
+        fit(accum_steps=3)
     with pytest.raises(ValueError, match=r"test labels range over \[0, 7\] but the model has 5 outputs"):
-        loader.fit_stream(model, tx, lo, (np.zeros((3, 36), np.float32), np.array([0, 7, 1])), epochs=1,
-                          key=jax.random.key(0))
-    with pytest.raises(ValueError, match="fit_stream: test_data x holds 36 non-finite values"):
-        loader.fit_stream(model, tx, lo, (np.full((1, 36), np.nan, np.float32), np.array([0])), epochs=1,
-                          key=jax.random.key(0))
+        fit((np.zeros((3, 36), np.float32), np.array([0, 7, 1])))
+    with pytest.raises(ValueError, match="fit: test_data x holds 36 non-finite values"):
+        fit((np.full((1, 36), np.nan, np.float32), np.array([0])))
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +181,8 @@ def digits(tmp_path_factory):
 def test_test_metrics_are_the_final_models_with_its_batchnorm_statistics(digits):
     directory, (x_te, y_te) = digits
     model, tx = models.ConvNet(10, image=8), optax.sgd(0.05, momentum=0.9)  # BatchNorm: state in TrainState
-    state, history = loader.fit_stream(model, tx, loader.Loader(directory, 32, seed=3), (x_te, y_te), epochs=2,
-                                       key=jax.random.key(0), progress=False)
+    state, history = train.fit(model, tx, loader.Loader(directory, 32, seed=3), (x_te, y_te), epochs=2,
+                               key=jax.random.key(0), progress=False)
     assert [r["step"] for r in history] == [8, 16] and int(state.step) == 16
     assert set(history[-1]) == {"epoch", "step", "train_loss", "train_accuracy", "test_loss", "test_accuracy"}
     scores = train.evaluate(model, state.params, x_te, y_te, state=state.model_state)
@@ -181,10 +203,10 @@ def test_records_match_fits_keys_with_a_loss_scale(digits):
     directory, test = digits
     (x, y), _ = data.load("digits")
     model, tx = nn.MLP([64, 16, 10]), optax.adam(1e-3)
-    kw = lambda: dict(epochs=1, progress=False, policy="fp16", key=jax.random.key(0),  # noqa: E731
-                      loss_scale=precision.DynamicLossScale())  # fresh: the first run donates its arrays
+    kw = lambda: dict(epochs=1, progress=False, key=jax.random.key(0),  # noqa: E731
+                      precision=precision.Precision("fp16", precision.DynamicLossScale()))  # fresh: donated
     _, theirs = train.fit(model, tx, (x[:256], y[:256]), test, batch_size=32, **kw())
-    _, ours = loader.fit_stream(model, tx, loader.Loader(directory, 32), test, **kw())
+    _, ours = train.fit(model, tx, loader.Loader(directory, 32), test, **kw())
     assert set(ours[0]) == set(theirs[0]) >= {"skipped_steps", "loss_scale", "test_loss"}
     assert ours[0]["skipped_steps"] == theirs[0]["skipped_steps"] == 0 and ours[0]["loss_scale"] == 2.0 ** 16
 
@@ -198,9 +220,8 @@ def test_a_nan_in_the_records_stops_the_run_before_on_epoch(tmp_path):
     seen = []
     with pytest.raises(guards.NonFiniteLossError, match=r"the loss is not finite in epoch 1 \(step 4\): "
                                                         r"train_loss = nan"):
-        loader.fit_stream(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False,
-                          on_epoch=lambda state, record: seen.append(record))
+        train.fit(model, tx, lo, epochs=2, key=jax.random.key(0), progress=False,
+                  callbacks=[callbacks.Callback(on_epoch=lambda state, record: seen.append(record))])
     assert seen == []  # a checkpointing on_epoch never saw the bad state
-    _, history = loader.fit_stream(model, tx, lo, epochs=1, key=jax.random.key(0), progress=False,
-                                   check_finite=False)
+    _, history = train.fit(model, tx, lo, epochs=1, key=jax.random.key(0), progress=False, check_finite=False)
     assert np.isnan(history[0]["train_loss"])  # the NaN does reach the loss: the guard is what stopped it

@@ -7,7 +7,7 @@ from pathlib import Path
 from funcnet.cli.errors import UsageError
 
 
-def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_per_epoch=None):
+def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
     """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
     epoch (and every --checkpoint-every steps; fit itself stops on a non-finite epoch before its
     on_epoch runs, so the last checkpoint stays good) and,
@@ -15,9 +15,8 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
     metadata holds the flags, the data's fingerprint, the history so far and the position
     inside the epoch, so a resumed run ends with the same metrics.
 
-    With ``steps_per_epoch`` (--stream) the kwargs are ``loader.fit_stream``'s: the batch
-    order follows from ``state.step``, so a position inside an epoch is the epoch and its
-    per-step metrics so far (no shuffle key), resumed as ``partial_metrics``."""
+    With --stream (``fit`` over a Loader) the batch order follows from ``state.step``, so a
+    position inside an epoch is the epoch and its per-step metrics so far, with no shuffle key."""
     import jax
     import numpy as np
 
@@ -51,15 +50,11 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
         if "metrics" in pos:
             partial = {k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()}
         reached = pos["epoch"] + (partial is not None)
-        if steps_per_epoch is not None:  # --stream: the rest of the position is state.step
-            resumed = {"partial_metrics": partial}
-        else:
-            start = train.Position(pos["epoch"])
-            if partial is not None:  # in-memory: the epoch's shuffle key too
-                start = start._replace(
-                    perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]),
-                    metrics=partial)
-            resumed = {"start": start}
+        start = train.Position(pos["epoch"], metrics=partial)
+        if partial is not None and "perm_key" in pos:  # in-memory: the epoch's shuffle key too (--stream: none)
+            start = start._replace(
+                perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]))
+        resumed = {"start": start}
         if reached > args.epochs:
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
                              f"{args.epochs}; pass --epochs {reached} or more")
@@ -90,15 +85,12 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run, steps_
         save(state, {"position": inside})
 
     def on_steps(state, position):
-        save_inside(state, position.epoch, position.metrics,
-                    {"perm_key": jax.random.key_data(position.perm_key).tolist(),
-                     "key_impl": str(jax.random.key_impl(position.perm_key))})
+        shuffle = {} if position.perm_key is None else {  # None: a Loader's order, from state.step
+            "perm_key": jax.random.key_data(position.perm_key).tolist(),
+            "key_impl": str(jax.random.key_impl(position.perm_key))}
+        save_inside(state, position.epoch, position.metrics, shuffle)
 
-    def on_stream_steps(state, partial_metrics):  # fit_stream's hook: epochs done follow from state.step
-        save_inside(state, int(state.step) // steps_per_epoch, partial_metrics, {})
-
-    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every,
-                  on_steps=on_steps if steps_per_epoch is None else on_stream_steps)
+    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=on_steps)
     return list(done), kwargs
 
 

@@ -76,6 +76,9 @@ def _transformer_grid(args, bytes_per_value: int) -> tuple[Any, list[tuple[int, 
 LAYOUTS_MAX = 2**20
 
 
+_PIPELINE_FLAGS = ("pp", "microbatches", "schedule", "accumulate_in_place")
+
+
 def _check_layout_flags(args, given: dict) -> None:
     """``--layouts`` lists dp x fsdp x tp x sp itself; a layout counts its own parameters and activations:
     flags that would be silently dropped are refused instead."""
@@ -87,6 +90,14 @@ def _check_layout_flags(args, given: dict) -> None:
             raise ValueError(f"--layouts {args.layouts} lists every dp x fsdp x tp (with and without sp) of "
                              f"{args.layouts} devices, so {' '.join(fixed)} contradicts it: leave "
                              f"{'them' if len(fixed) > 1 else 'it'} out, or drop --layouts to plan that one layout")
+        pipe = [f"--{k.replace('_', '-')}" for k in _PIPELINE_FLAGS if given[k]]
+        if pipe:
+            raise ValueError(f"--layouts {args.layouts} lists dp x fsdp x tp layouts without a pipeline, so "
+                             f"{' '.join(pipe)} contradicts it: drop --layouts and give --dp/--fsdp/--tp with --pp "
+                             f"to plan one pipelined layout (its devices are dp x fsdp x tp x pp)")
+    for k, low in (("pp", 1), ("microbatches", 1)):
+        if not low <= getattr(args, k) <= LAYOUTS_MAX:
+            raise ValueError(f"--{k} {getattr(args, k)}: expected an int from {low} to {LAYOUTS_MAX:,}")
     ignored = [f"--{k.replace('_', '-')}" for k in ("params", "sizes", "activations", "flash", "activation_dtype")
                if given[k]]
     if ignored:
@@ -104,6 +115,7 @@ def _check_zero_flags(args, given: dict) -> None:
         raise ValueError(f"--dp {args.dp}: expected a number of devices from 1 to {LAYOUTS_MAX:,}")
     other = [f"--{k}" for k in ("fsdp", "tp", "sp") if given[k]]
     other += [f"--{k.replace('_', '-')}" for k in ("layouts", "device_memory") if getattr(args, k) is not None]
+    other += [f"--{k.replace('_', '-')}" for k in _PIPELINE_FLAGS if given[k]]
     other += ["--reduce-in-place"] * args.reduce_in_place
     if other:
         raise ValueError(f"--zero {args.zero} plans --dp {args.dp} data-parallel devices that shard the state; "
@@ -145,6 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay.add_argument("--reduce-in-place", action="store_true",
                      help="the data-parallel all-reduce writes into the gradients (torch DDP's "
                           "gradient_as_bucket_view=True): no second copy of them")
+    pipe = parser.add_argument_group(
+        "pipeline (per device: the first stage's bytes; Rajbhandari et al. 2020's 2 + 2 + K bytes per parameter over "
+        "a stage's L/P layers, Korthikanti et al. 2022 section 4.2.3's activations)")
+    pipe.add_argument("--pp", type=int, help="pipeline stages P, each running L/P of the --layers (default 1: none)")
+    pipe.add_argument("--microbatches", type=int, metavar="M",
+                      help="microbatches per data replica's batch, per step (default 1)")
+    pipe.add_argument("--schedule", choices=("gpipe", "1f1b"),
+                      help="1f1b (default): the first stage holds min(P, M) microbatches' activations of its L/P "
+                           "layers; gpipe: all M of them (every forward before any backward)")
+    pipe.add_argument("--accumulate-in-place", action="store_true",
+                      help="microbatch gradients added into the sum in place (torch's .grad, Megatron's "
+                           "gradient_accumulation_fusion): no second copy of them (default: one, as jax.vjp gives)")
     lay.add_argument("--device-memory", help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits")
     lay.add_argument("--layouts", type=int, metavar="N",
                      help=f"list every dp x fsdp x tp layout of N devices (tp <= 8; N up to {LAYOUTS_MAX:,}), under "
@@ -159,9 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "them) instead of the tables")
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     given = {k: getattr(args, k) is not None for k in ("dp", "fsdp", "tp", "params", "sizes", "activation_dtype",
-                                                         "recompute")}
-    given.update(sp=args.sp, flash=args.flash, activations=args.activations != "0")
-    for k, default in (("dp", 1), ("fsdp", 1), ("tp", 1), ("activation_dtype", "bf16"), ("recompute", "none")):
+                                                         "recompute", "pp", "microbatches", "schedule")}
+    given.update(sp=args.sp, flash=args.flash, activations=args.activations != "0",
+                 accumulate_in_place=args.accumulate_in_place)
+    for k, default in (("dp", 1), ("fsdp", 1), ("tp", 1), ("activation_dtype", "bf16"), ("recompute", "none"),
+                       ("pp", 1), ("microbatches", 1), ("schedule", "1f1b")):
         if getattr(args, k) is None:
             setattr(args, k, default)
     if args.zero is not None:
@@ -169,12 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_zero_flags(args, given)
         except ValueError as e:
             parser.error(str(e))
-    elif args.layouts is not None or args.device_memory is not None \
-            or any(given[k] for k in ("dp", "fsdp", "tp", "sp")) or args.reduce_in_place:
+    elif args.layouts is not None or args.device_memory is not None or args.reduce_in_place \
+            or any(given[k] for k in ("dp", "fsdp", "tp", "sp") + _PIPELINE_FLAGS):
         try:
             if not args.transformer:
-                raise ValueError("--dp/--fsdp/--tp/--sp/--reduce-in-place/--device-memory/--layouts need "
-                                 "--transformer and its shapes")
+                raise ValueError("--dp/--fsdp/--tp/--sp/--pp/--microbatches/--schedule/--reduce-in-place/"
+                                 "--device-memory/--layouts need --transformer and its shapes")
             _check_layout_flags(args, given)
             from funcnet.cli.memory_layout import print_layout
 

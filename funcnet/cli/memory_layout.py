@@ -1,4 +1,5 @@
-"""``funcnet memory --transformer ... --dp/--fsdp/--tp/--sp/--device-memory/--layouts``: per-device bytes of a layout."""
+"""``funcnet memory --transformer ... --dp/--fsdp/--tp/--sp/--pp/--microbatches/--schedule/--device-memory/--layouts``:
+per-device bytes of a layout."""
 
 from __future__ import annotations
 
@@ -45,14 +46,29 @@ def _row(plan, memory) -> list[str]:
     gb = lambda v: f"{v / 1e9:,.2f}"
     fits = "-" if plan.fits is None else ("yes" if plan.fits else "no")
     lay = plan.layout
-    return [str(lay.dp), str(lay.fsdp), str(lay.tp), "yes" if lay.sp else "-", lay.remat, gb(plan.params),
-            gb(plan.grads), gb(plan.reduce_buffer), gb(plan.master), gb(plan.optimizer), gb(plan.activations),
-            gb(plan.total), fits]
+    return [str(lay.dp), str(lay.fsdp), str(lay.tp), str(lay.pp), "yes" if lay.sp else "-", lay.remat,
+            gb(plan.params), gb(plan.grads), gb(plan.reduce_buffer), gb(plan.accum_buffer), gb(plan.master),
+            gb(plan.optimizer), gb(plan.activations), gb(plan.total), fits]
 
 
 def _figures(plan) -> dict:
     """A plan's bytes, its layout's fields and whether it fits, for ``--json``."""
     return {**{k: v for k, v in plan._asdict().items() if k != "layout"}, "layout": plan.layout._asdict()}
+
+
+def _pipeline_note(shape, lay) -> str:
+    """The accounting behind a pipelined (or microbatched) plan, with its sources."""
+    held = _layout.held_microbatches(lay)
+    why = "every forward before any backward" if lay.schedule == "gpipe" else "P - 1 warm-up forwards, then 1F1B"
+    micro = shape.batch // (lay.dp * lay.fsdp * lay.microbatches)
+    return (f"pipeline: each of the {lay.pp} stages runs {shape.n_layer // lay.pp} of the {shape.n_layer} layers and "
+            f"holds their params, grads and optimizer state plus the embeddings (Rajbhandari et al. 2020: 2 + 2 + K "
+            f"bytes per parameter, K = 12, for mixed-precision Adam); the first stage holds {held} of the "
+            f"{lay.microbatches} microbatches' activations ({micro} sequence{'' if micro == 1 else 's'} each) of its layers "
+            f"at once "
+            f"({lay.schedule}: {why}; Korthikanti et al. 2022, section 4.2.3)"
+            + ("" if lay.microbatches == 1 or lay.accumulate_in_place else
+               "; accum buffer: each microbatch's gradients before they join the sum"))
 
 
 def print_layout(args, remat_given: bool = False) -> int:
@@ -64,12 +80,17 @@ def print_layout(args, remat_given: bool = False) -> int:
     memory = None if args.device_memory is None else parse_bytes(args.device_memory)
     common = {"precision": args.precision, "optimizer": args.optimizer,
               "reduce_in_place": getattr(args, "reduce_in_place", False)}
+    pipe = {"pp": getattr(args, "pp", 1), "microbatches": getattr(args, "microbatches", 1),
+            "schedule": getattr(args, "schedule", "1f1b"),
+            "accumulate_in_place": getattr(args, "accumulate_in_place", False)}
     title = (f"per device (GB): {shape.n_layer} layers, hidden {shape.n_embd}, {shape.n_head} heads, vocab "
              f"{shape.vocab_size}, seq {shape.block_size}, global batch {shape.batch}, {args.optimizer}, "
-             f"{args.precision}" + ("" if memory is None else f", {memory / 1e9:g} GB per device"))
+             f"{args.precision}" + ("" if memory is None else f", {memory / 1e9:g} GB per device")
+             + ("" if pipe["microbatches"] == 1 else f", {pipe['microbatches']} microbatches {pipe['schedule']}")
+             + ("" if pipe["pp"] == 1 else ": the first pipeline stage"))
     table = Table(title=title)
-    for c in ("dp", "fsdp", "tp", "sp", "remat", "params", "grads", "reduce buffer", "master", "optimizer",
-              "activations", "total", "fits"):
+    for c in ("dp", "fsdp", "tp", "pp", "sp", "remat", "params", "grads", "reduce buffer", "accum buffer", "master",
+              "optimizer", "activations", "total", "fits"):
         table.add_column(c, justify="left" if c == "remat" else "right")
     if args.layouts:
         kw = dict(common, sp=(False, True), **({"remats": (args.recompute,)} if remat_given else {}))
@@ -91,7 +112,7 @@ def print_layout(args, remat_given: bool = False) -> int:
             console.print("smallest fitting layout: " + (f"{best.layout} ({best.total / 1e9:.1f} GB per device)"
                                                          if best else "none fits"))
         return 0
-    lay = _layout.Layout(args.dp, args.fsdp, args.tp, args.sp, args.recompute, **common)
+    lay = _layout.Layout(args.dp, args.fsdp, args.tp, args.sp, args.recompute, **common, **pipe)
     plan = _layout.plan(shape, lay, device_memory=memory)
     if args.json:
         print(json.dumps({"device_memory": memory, "layouts": [_figures(plan)]}, indent=2))
@@ -99,6 +120,8 @@ def print_layout(args, remat_given: bool = False) -> int:
     table.add_row(*_row(plan, memory))
     console = wide_console(table)
     console.print(table)
+    if lay.pp > 1 or lay.microbatches > 1:
+        console.print(_pipeline_note(shape, lay))
     if memory is not None:
         console.print(f"{'fits' if plan.fits else 'does not fit'}: {plan.total / 1e9:.1f} GB of "
                       f"{memory / 1e9:g} GB per device on {lay.devices} devices")

@@ -1,4 +1,4 @@
-"""``funcnet train``: flags checked, outputs and checkpoints prepared, then ``fit`` or ``fit_stream``."""
+"""``funcnet train``: flags checked, outputs and checkpoints prepared, then ``fit`` (arrays, or ``--stream``'s Loader)."""
 
 from __future__ import annotations
 
@@ -108,30 +108,25 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         stream = _stream(args, records, x_tr, y_tr)
         fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
         x_tr = y_tr = None  # the training data is read from disk from here on
-    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run,
-                                         steps_per_epoch=None if stream is None else stream.steps_per_epoch)
+    done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
 
     start = time.perf_counter()
     run.training = True
     with out_of_memory_is_one_line(args):
         common = {"epochs": args.epochs, "key": jax.random.key(args.seed), "progress": not args.quiet}
-        if stream is not None:
-            from funcnet import loader
+        from funcnet.callbacks import Callback
+        from funcnet.precision import Precision
 
-            state, history = loader.fit_stream(model, tx, stream, (x_te, y_te), policy=policy, loss_scale=loss_scale,
-                                               **common, **resume_kwargs)
-        else:
-            from funcnet.callbacks import Callback
-            from funcnet.precision import Precision
-
-            on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
-            if on_steps is not None and args.max_steps is not None:
-                every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
-            hooks = Callback(on_epoch, on_steps if every else None, every)
-            parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
-            state, history = train.fit(model, tx, (x_tr, y_tr), (x_te, y_te), batch_size=args.batch_size,
-                                       precision=Precision(policy, loss_scale), callbacks=[hooks], **parallel,
-                                       max_steps=args.max_steps, **common, **resume_kwargs)
+        on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
+        if on_steps is not None and args.max_steps is not None:
+            every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
+        hooks = Callback(on_epoch, on_steps if every else None, every)
+        parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
+        # --stream: the Loader is the training data (its order and position: state.step)
+        state, history = train.fit(model, tx, (x_tr, y_tr) if stream is None else stream, (x_te, y_te),
+                                   batch_size=args.batch_size, precision=Precision(policy, loss_scale),
+                                   callbacks=[hooks], **parallel, max_steps=args.max_steps, **common,
+                                   **resume_kwargs)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
     seconds = time.perf_counter() - start
@@ -317,8 +312,5 @@ def _check_flags(args) -> None:
                 raise UsageError(f"{flag} needs --checkpoint-dir DIR, the folder the run saves its checkpoints in")
     elif Path(args.checkpoint_dir).exists() and not Path(args.checkpoint_dir).is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir} is a file; pass a folder (created if missing)")
-    if args.max_steps is not None and args.stream is not None:
-        raise UsageError(f"--max-steps {args.max_steps} is not supported with --stream yet; leave one of them out "
-                         f"(--epochs limits a streamed run)")
     _check_stream_flags(args)
     _check_out(args)

@@ -1,4 +1,4 @@
-"""Per-device bytes of a GPT's training step under a parallel layout: data x FSDP x tensor parallel.
+"""Per-device bytes of a GPT's training step under a parallel layout: data x FSDP x tensor x pipeline parallel.
 
 ``plan(shape, layout)`` says, before anything is launched, what each device holds:
 params, gradients, a master copy, optimizer state and activations, with
@@ -22,6 +22,28 @@ params, gradients, a master copy, optimizer state and activations, with
   ``Layout(reduce_in_place=True)`` drops it (DDP's ``gradient_as_bucket_view=True``). FSDP
   alone (``dp == 1``) has no such copy in the plan: each layer's whole gradient is
   reduce-scattered into its shard and freed, one layer at a time.
+- pipeline parallelism (``pp`` stages, ``microbatches`` M, ``schedule`` "gpipe" or "1f1b",
+  ``funcnet.pipeline``): each stage holds ``L / pp`` blocks, with their gradients and optimizer
+  state (the ZeRO paper's accounting, Rajbhandari et al. 2020: 2 + 2 + K bytes per parameter
+  for mixed-precision Adam, K = 12, here over the stage's parameters), plus the embeddings and
+  final LayerNorm whole (``funcnet.pipeline`` replicates them; Megatron's first stage holds the
+  embeddings, its last a copy of the tied head: the same ``V x h``). Activations per Megatron-LM
+  (Korthikanti et al. 2022, section 4.2.3): the first stage, the busiest, holds the activations
+  of its ``L / pp`` layers for ``min(pp, M)`` microbatches under 1F1B, for all M under GPipe,
+  each microbatch ``b / M`` sequences, plus each held microbatch's embedding dropout mask; the
+  output layer's activations live on the last stage and are not counted for ``pp > 1`` (as in
+  the paper). With ``pp == 1`` and M > 1 (gradient accumulation) one microbatch's activations
+  are held (M under "gpipe": every forward before any backward).
+- the accumulation buffer (``accum_buffer``): with M > 1 microbatches each microbatch's
+  backward returns the stage's whole gradients (``jax.vjp``), which are then added into the
+  running sum: a second copy of the gradients (``funcnet.pipeline``, ``make_step(accum_steps=)``).
+  torch's autograd adds into ``.grad`` one parameter at a time (Megatron's
+  ``gradient_accumulation_fusion`` writes into ``main_grad`` directly):
+  ``Layout(accumulate_in_place=True)`` drops it.
+
+Not counted: the working memory of recomputation (with ``remat="full"``, or
+``funcnet.pipeline``'s rerun of a stage in its backward: one microbatch's activations of the
+recomputed layers at a time, as in the paper), XLA's temporaries, the batch itself.
 
 ``fits``: whether the total is within ``device_memory`` bytes. ``layouts(n)`` lists the
 (dp, fsdp, tp) that multiply to n; ``smallest_fitting`` picks the one with the least model
@@ -35,9 +57,11 @@ from typing import NamedTuple
 
 from funcnet.memory.estimate import OPTIMIZER_SLOTS, PRECISIONS, dtype_bytes
 
-__all__ = ["REMAT", "Layout", "Plan", "Shape", "layouts", "plan", "smallest_fitting"]
+__all__ = ["REMAT", "SCHEDULES", "Layout", "Plan", "Shape", "held_microbatches", "layouts", "plan",
+           "smallest_fitting"]
 
 REMAT = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b")  # funcnet.pipeline.KINDS, named here so planning never imports jax
 
 
 class Shape(NamedTuple):
@@ -64,19 +88,27 @@ class Layout(NamedTuple):
     precision: str = "fp32"
     optimizer: str = "adam"
     reduce_in_place: bool = False  # True: the dp all-reduce writes into the gradients (no reduce_buffer)
+    pp: int = 1  # pipeline stages
+    microbatches: int = 1  # per data replica's batch, per step
+    schedule: str = "1f1b"  # "gpipe" or "1f1b" (with microbatches > 1)
+    accumulate_in_place: bool = False  # True: microbatch gradients added into the sum in place (no accum_buffer)
 
     @property
     def devices(self) -> int:
-        return self.dp * self.fsdp * self.tp
+        return self.dp * self.fsdp * self.tp * self.pp
 
     def __str__(self) -> str:
         extra = ", sp" if self.sp else ""
-        return f"dp{self.dp} x fsdp{self.fsdp} x tp{self.tp}{extra}, remat {self.remat}"
+        pipe = f" x pp{self.pp}" if self.pp > 1 else ""
+        micro = f", {self.microbatches} microbatches {self.schedule}" if self.microbatches > 1 else ""
+        return f"dp{self.dp} x fsdp{self.fsdp} x tp{self.tp}{pipe}{extra}, remat {self.remat}{micro}"
 
 
 class Plan(NamedTuple):
-    """Bytes on each device (``reduce_buffer``: the second copy of the gradients at the data-parallel
-    all-reduce, module docstring); ``fits`` is None without a device memory."""
+    """Bytes on each device (the first pipeline stage's with ``pp > 1``; ``reduce_buffer``: the second
+    copy of the gradients at the data-parallel all-reduce, ``accum_buffer``: the one of a
+    microbatch's gradients before they join the sum, module docstring); ``fits`` is None without
+    a device memory."""
 
     params: int
     grads: int
@@ -84,6 +116,7 @@ class Plan(NamedTuple):
     optimizer: int
     activations: int
     reduce_buffer: int
+    accum_buffer: int
     total: int
     fits: bool | None
     layout: Layout
@@ -92,8 +125,15 @@ class Plan(NamedTuple):
         return {k: v for k, v in self._asdict().items() if k != "layout"} | {"layout": str(self.layout)}
 
 
+def held_microbatches(layout: Layout) -> int:
+    """Microbatches whose activations the first stage holds at once: all M under GPipe (every
+    forward before any backward), ``min(pp, M)`` under 1F1B (``pp - 1`` warm-up forwards, then one
+    forward and one backward in turn); ``funcnet.pipeline.schedule(...).held`` counts the same."""
+    return layout.microbatches if layout.schedule == "gpipe" else min(layout.pp, layout.microbatches)
+
+
 def _check(shape: Shape, layout: Layout) -> None:
-    for name in ("dp", "fsdp", "tp"):
+    for name in ("dp", "fsdp", "tp", "pp", "microbatches"):
         v = getattr(layout, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"layout: {name} must be a positive int, got {v!r}")
@@ -109,11 +149,22 @@ def _check(shape: Shape, layout: Layout) -> None:
     if shape.batch % (layout.dp * layout.fsdp):
         raise ValueError(f"layout: the global batch {shape.batch} must split over dp x fsdp = "
                          f"{layout.dp * layout.fsdp} devices; pass a multiple of it")
+    if layout.schedule not in SCHEDULES:
+        raise ValueError(f"layout: schedule must be one of {SCHEDULES}, got {layout.schedule!r}")
+    if shape.n_layer % layout.pp:
+        raise ValueError(f"layout: pp={layout.pp} stages do not split the {shape.n_layer} layers (each stage runs "
+                         f"n_layer / pp of them); pick pp among the divisors of {shape.n_layer}")
+    replica = shape.batch // (layout.dp * layout.fsdp)
+    if replica % layout.microbatches:
+        raise ValueError(f"layout: the batch of {replica} sequences per data replica (global batch {shape.batch} "
+                         f"over dp x fsdp = {layout.dp * layout.fsdp}) does not split into microbatches="
+                         f"{layout.microbatches}; pick a batch that is a multiple of {layout.microbatches * layout.dp * layout.fsdp} "
+                         f"or a microbatch count dividing {replica}")
 
 
 def _param_count(shape: Shape, layout: Layout) -> float:
     """Parameters one device holds (fractional: a shard of a count)."""
-    L, h, r, t, f = shape.n_layer, shape.n_embd, shape.mlp_ratio, layout.tp, layout.fsdp
+    L, h, r, t, f = shape.n_layer // layout.pp, shape.n_embd, shape.mlp_ratio, layout.tp, layout.fsdp
     matrices = (4 + 2 * r) * h * h / (t * f)
     column_bias = (3 + r) * h / t if shape.bias else 0  # split with their column-parallel weights
     whole = (2 * h + 2 * h) if shape.bias else 2 * h  # two LayerNorms
@@ -125,7 +176,7 @@ def _param_count(shape: Shape, layout: Layout) -> float:
 
 def _activations(shape: Shape, layout: Layout, p: int) -> float:
     s, h, a, t = shape.block_size, shape.n_embd, shape.n_head, layout.tp
-    b = shape.batch // (layout.dp * layout.fsdp)
+    b = shape.batch // (layout.dp * layout.fsdp * layout.microbatches)  # one microbatch
     sbh, as2b = s * b * h, a * s * s * b
     mask = 1 if shape.dropout else 0
     whole = sbh * (4 * p + 2 * mask)  # LN inputs, qkv and MLP inputs, residual dropout masks
@@ -136,8 +187,11 @@ def _activations(shape: Shape, layout: Layout, p: int) -> float:
         per_layer = whole / (t if layout.sp else 1) + split / t
         if layout.remat == "none":
             per_layer += as2b * (p + mask * (p + 1)) / t
+    held = held_microbatches(layout)
+    if layout.pp > 1:  # the first stage: its layers and the embedding dropout mask (section 4.2.3)
+        return held * (shape.n_layer // layout.pp * per_layer + mask * sbh / (t if layout.sp else 1))
     outside = (mask * sbh + 2 * p * sbh) / (t if layout.sp else 1) + 4 * s * b * shape.vocab_size / t
-    return shape.n_layer * per_layer + outside
+    return held * (shape.n_layer * per_layer + outside)
 
 
 def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None = None) -> Plan:
@@ -153,6 +207,7 @@ def plan(shape: Shape, layout: Layout = Layout(), *, device_memory: int | None =
                  "optimizer": n * OPTIMIZER_SLOTS[layout.optimizer] * state_b,
                  "activations": _activations(shape, layout, act_b)}
     parts["reduce_buffer"] = parts["grads"] if layout.dp > 1 and not layout.reduce_in_place else 0
+    parts["accum_buffer"] = parts["grads"] if layout.microbatches > 1 and not layout.accumulate_in_place else 0
     parts = {k: round(v) for k, v in parts.items()}
     total = sum(parts.values())
     fits = None if device_memory is None else total <= device_memory
