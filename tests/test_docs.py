@@ -1,4 +1,4 @@
-"""Every Python block in README.md and docs/*.md runs as written.
+"""Every Python block in README.md and docs/**/*.md (the site's pages) runs as written.
 
 sybil parses the Markdown (code fences, and its ``<!-- skip: next "why" -->`` comment for
 the rare block that is deliberately not runnable; the comment is invisible on the rendered
@@ -21,7 +21,7 @@ from sybil.evaluators.python import PythonEvaluator
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def python_blocks(path: Path) -> list[tuple[int, str, str | None]]:
