@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 __all__ = ["PAGES", "take"]
 
 # picture -> page of the site
-PAGES = {"site-front.png": "", "site-concept.png": "concepts/autograd/"}
+PAGES = {"site-front.png": "", "site-concept.png": "concepts/mixed_precision/#pytorch-and-jax"}
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -40,7 +40,7 @@ def take(site: Path, out: Path, *, width: int = 1280, height: int = 800) -> list
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}/"
-        return [screenshot(base + page, out / png, width=width, height=height) for png, page in PAGES.items()]
+        return [screenshot(base + page, out / png, width=width, height=height, viewport=True) for png, page in PAGES.items()]
     finally:
         server.shutdown()
         server.server_close()
