@@ -6,8 +6,9 @@ At build time, without running anything heavy, it adds:
 - ``concepts/index.md`` (the concept map) and ``concepts/NAME.md`` with its plots, one per
   comparison of the runner's registry, from the saved run ``docs/data/comparisons.json``
   (``docs_hooks.concepts``), each listed in the nav under Concepts;
-- ``reference/cli.md``: every subcommand and flag of ``funcnet``, from its argparse parsers
-  (``docs_hooks.cli_reference``).
+- the body of ``reference/cli.md``: every subcommand and flag of ``funcnet``, from its argparse
+  parsers (``docs_hooks.cli_reference``); the file itself holds only a title and a comment, so
+  that links to it are links to a file of the repository.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File
 
-__all__ = ["on_config", "on_files"]
+__all__ = ["on_config", "on_files", "on_page_markdown"]
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # the hook imports this checkout's comparisons, funcnet and docs_hooks
@@ -53,7 +54,7 @@ def on_config(config):
 
 
 def on_files(files, config):
-    from docs_hooks import cli_reference, concepts, front
+    from docs_hooks import concepts, front
 
     def add(path: str, content) -> None:
         if files.get_file_from_path(path) is not None:
@@ -68,5 +69,12 @@ def on_files(files, config):
         for name, _, png in drawn:
             add(f"concepts/{name}", png)
         add(f"concepts/{r.name}.md", concepts.comparison_page(r, dtype, [(n, t) for n, t, _ in drawn]))
-    add("reference/cli.md", cli_reference.cli_page())
     return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri == "reference/cli.md":
+        from docs_hooks import cli_reference
+
+        return cli_reference.cli_page()
+    return markdown
