@@ -102,10 +102,9 @@ def cli_page() -> str:
            "and its help are what `funcnet SUBCOMMAND --help` prints."), ""]
     for name, summary, parser in subcommands():
         out += [f"## funcnet {name}", ""]
-        if summary:
-            out += [html.escape(summary[0].upper() + summary[1:]) + ".", ""]
-        if parser.description and parser.description.rstrip(".") != summary:
-            out += [html.escape(parser.description), ""]
+        about = parser.description or (summary[:1].upper() + summary[1:] + "." if summary else "")
+        if about:  # its own description where it has one, else the line funcnet --help shows for it
+            out += [html.escape(about), ""]
         out += ["```text", parser.format_usage().strip(), "```", ""]
         plain, named = [], []  # argparse's own groups share one table; each named group gets its own
         for group in parser._action_groups:
