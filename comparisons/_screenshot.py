@@ -17,7 +17,9 @@ import sys
 from pathlib import Path
 
 
-def screenshot(page: Path, png: Path, *, width: int = 1440, height: int = 1960) -> Path:
+def screenshot(page: Path | str, png: Path, *, width: int = 1440, height: int = 1960, viewport: bool = False) -> Path:
+    """Save ``page`` (a file, or an http:// URL) as seen in a ``width`` x ``height`` window to ``png``
+    (``viewport``: the page's own area is that size, the picture too)."""
     from PIL import Image
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -33,7 +35,10 @@ def screenshot(page: Path, png: Path, *, width: int = 1440, height: int = 1960) 
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(driver_path), options=opts)
     try:
-        driver.get(Path(page).resolve().as_uri())
+        if viewport:
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                                   {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        driver.get(page if "://" in str(page) else Path(page).resolve().as_uri())
         png.parent.mkdir(parents=True, exist_ok=True)
         raw = png.with_suffix(".raw.png")
         driver.save_screenshot(str(raw))

@@ -1,4 +1,4 @@
-"""Every Python block in README.md and docs/**/*.md runs as written.
+"""Every Python block in README.md and docs/**/*.md (the site's pages) runs as written.
 
 sybil parses the Markdown (code fences, and its ``<!-- skip: next "why" -->`` comment for
 the rare block that is deliberately not runnable; the comment is invisible on the rendered

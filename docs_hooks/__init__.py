@@ -1,0 +1,8 @@
+"""The documentation site's build hooks (mkdocs.yml ``hooks:``): pages generated at build time.
+
+``site`` is the hook mkdocs loads; ``front`` turns README.md into the front page, ``concepts``
+writes one page per comparison from the saved run and the concept map, ``cli_reference`` writes
+the command line's reference from its argparse parsers.
+"""
+
+__all__ = ["cli_reference", "concepts", "front"]
