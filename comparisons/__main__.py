@@ -155,14 +155,14 @@ def _unwritable(args) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m comparisons", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="comparisons to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the comparisons and exit")
     parser.add_argument("--json", metavar="PATH",
                         help="write machine-readable results there (default: results.json in the page's folder, "
                              f"{DEFAULT_PAGE_DIR / 'results.json'}; a --from-json run writes none)")
-    parser.add_argument("--report", metavar="DIR", help="write DIR/report.md with PNG plots")
+    parser.add_argument("--report", metavar="DIR", help="write DIR/report.md with PNG plots (default: none)")
     parser.add_argument("--html", metavar="DIR",
                         help="write DIR/index.html: the sources side by side, outputs, checks and plots in one "
                              f"static page (no server, no network) (default: {DEFAULT_PAGE_DIR})")
@@ -173,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                              f"{' '.join(FLOAT64_DEFAULT)})")
     parser.add_argument("--no-source", action="store_true", help="do not print the sources")
     parser.add_argument("--from-json", metavar="PATH",
-                        help="render a run saved with --json (terminal, --report, --html) instead of running")
-    args = parser.parse_args(argv)
+                        help="render a run saved with --json (terminal, --report, --html) instead of running (default: none, run)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if not args.no_page:  # a first run ends with a page to open, and the JSON it can be re-rendered from
         args.html = args.html or str(DEFAULT_PAGE_DIR)
         args.json = args.json or str(Path(args.html) / "results.json")

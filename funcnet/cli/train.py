@@ -109,6 +109,11 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
         x_tr = y_tr = None  # the training data is read from disk from here on
     done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
+    if "state" in resume_kwargs:  # the newest checkpoint's state: say so, a resumed run looks like a fresh one
+        print(f"resumed from step {run.saved_step} in {args.checkpoint_dir}")
+    used = jax.devices()[:args.devices if data_parallel else 1]
+    simulated = ", simulated" if data_parallel and used[0].platform == "cpu" else ""
+    print(f"devices: {len(used)} ({used[0].platform}{simulated})")
 
     start = time.perf_counter()
     run.training = True
