@@ -13,6 +13,13 @@ float16 gradients do not underflow, skip the step when they overflow).
   which returns the next state (nothing mutates), so they ride in a jitted step.
 - ``all_finite(tree)`` and ``select_tree(pred, a, b)``: the overflow test and the
   "keep the old params on a skipped step" switch, both on device.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import precision
+    >>> tree = precision.cast_floating({"w": jnp.ones(2), "n": jnp.arange(2)}, jnp.bfloat16)
+    >>> str(tree["w"].dtype), str(tree["n"].dtype)  # floats cast, integers kept
+    ('bfloat16', 'int32')
 """
 
 from __future__ import annotations

@@ -8,6 +8,14 @@ mode normalizes with the instance statistics and advances the running ones (the 
 the per-instance statistics, see the functional form); eval mode normalizes with the running
 ones. torch never advances InstanceNorm's ``num_batches_tracked``, and ``momentum=None`` is
 momentum 0 there (the running statistics stay put): both kept.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> norm = nn.InstanceNorm2d(3)
+    >>> y = norm.apply(norm.init(None), jax.random.normal(jax.random.key(0), (2, 3, 8, 8)))
+    >>> y.shape, bool(jnp.abs(y.mean(axis=(2, 3))).max() < 1e-5)  # each sample's channel: mean 0
+    ((2, 3, 8, 8), True)
 """
 
 from __future__ import annotations

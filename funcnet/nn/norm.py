@@ -11,6 +11,15 @@ layer_norm and group_norm in float32, and its batch_norm kernels accumulate half
 float32. Running statistics keep their own dtype. Params and running statistics are built in
 ``dtype``, by default JAX's default float (float64 under x64). The math is
 ``funcnet.nn.functional``'s layer_norm / group_norm / batch_norm.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> bn = nn.BatchNorm1d(4)
+    >>> params, state = bn.init(jax.random.key(0)), bn.init_state()
+    >>> y, state = bn.apply(params, jnp.arange(8.0).reshape(2, 4), state=state, train=True)
+    >>> [round(v, 3) for v in state["running_mean"].tolist()]  # 0.1 x the batch mean, torch's momentum
+    [0.2, 0.3, 0.4, 0.5]
 """
 
 from __future__ import annotations
