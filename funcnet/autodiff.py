@@ -324,10 +324,12 @@ class Graph(NamedTuple):
 
     @property
     def nodes(self) -> list:
+        """The recorded operations (nodes with a primitive), inputs first, in topological order."""
         return [n for n in _toposort(self.output, {id(x) for x in self.inputs}) if n.prim is not None]
 
     @property
     def primitives(self) -> list[str]:
+        """The names of ``nodes``' primitives, in the same order."""
         return [n.prim.name for n in self.nodes]
 
     def __str__(self):

@@ -141,6 +141,8 @@ class lock:
         self._fd = None
 
     def acquire(self) -> "lock":
+        """Take the lock without waiting; raise ``CheckpointLockedError`` naming the holder's PID if another process
+        has it."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
@@ -175,6 +177,7 @@ class lock:
         return self
 
     def release(self) -> None:
+        """Give the lock back (removing the lock file first when ``remove``); a second call does nothing."""
         if self._fd is not None:
             if self.remove:
                 with contextlib.suppress(OSError):

@@ -93,11 +93,13 @@ def normal(key, shape, dtype=jnp.float32, *, mean: float = 0.0, std: float = 1.0
 
 
 def zeros(key, shape, dtype=jnp.float32):
+    """All zeros of ``shape`` and ``dtype`` (torch.nn.init.zeros_); ``key`` is unused."""
     del key
     return jnp.zeros(tuple(shape), dtype)
 
 
 def ones(key, shape, dtype=jnp.float32):
+    """All ones of ``shape`` and ``dtype`` (torch.nn.init.ones_); ``key`` is unused."""
     del key
     return jnp.ones(tuple(shape), dtype)
 

@@ -218,6 +218,8 @@ def default_metrics(outputs: jax.Array, targets: jax.Array) -> dict:
 
 
 def is_classification(outputs, targets) -> bool:
+    """Whether (outputs, targets) look like class logits and integer labels: targets integer, outputs one axis more,
+    same leading shape."""
     return (jnp.issubdtype(jnp.result_type(targets), jnp.integer)
             and jnp.ndim(outputs) == jnp.ndim(targets) + 1
             and jnp.shape(outputs)[:-1] == jnp.shape(targets))

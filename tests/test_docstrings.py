@@ -47,3 +47,20 @@ def test_the_docstring_examples_run_and_print_what_they_say():
         runner.run(tests[name])
     result = runner.summarize(verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples failed (printed above)"
+
+
+def test_ruff_checks_the_docstrings_of_the_library():
+    # pyproject.toml's [tool.ruff.lint]: pydocstyle (google convention) over funcnet/
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "funcnet"], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the check can fail: a public function without a docstring, as if in funcnet/ (read from stdin)
+    probe = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--stdin-filename",
+                            "funcnet/probe.py"], cwd=root, input='"""A module."""\n\n\ndef public(x):\n    return x\n',
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert probe.returncode == 1 and "D103" in probe.stdout, probe.stdout + probe.stderr

@@ -98,6 +98,8 @@ def _resume_mode(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``funcnet`` parser: the train and sample flags with their checks and defaults, and the other commands'
+    names."""
     parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 

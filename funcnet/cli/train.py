@@ -53,6 +53,7 @@ def _precision(args):
 
 
 def train_command(args) -> dict:
+    """``funcnet train``: check the flags and outputs, train, write OUT's files and return the metrics."""
     _reject_unsupported(args)
     _check_flags(args)
     data_parallel = args.devices > 1 or args.parallel is not None
@@ -163,7 +164,7 @@ SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 10
 
 
 def _sample(model, params, args) -> str:
-    """``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
+    r"""``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
     deterministic per --seed. Greedy decoding is no sample of a small model: after a few epochs
     its argmax is " " almost everywhere, and it printed a blank line of spaces."""
     import jax

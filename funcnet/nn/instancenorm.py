@@ -106,16 +106,20 @@ _DOC = """Instance normalization of {layout}, as torch.nn.{cls}: each channel of
 
 def InstanceNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm1d: each sample's channel normalised over its length; ``(N, C, L)`` or ``(C, L)``."""
     return _instance_norm(1, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm2d: each sample's channel normalised over H x W; ``(N, C, H, W)`` or ``(C, H, W)``."""
     return _instance_norm(2, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm3d: each sample's channel normalised over D x H x W; ``(N, C, D, H, W)`` or ``(C, D, H,
+    W)``."""
     return _instance_norm(3, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 

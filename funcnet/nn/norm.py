@@ -257,6 +257,8 @@ _BATCH_NORM_DOC = """Batch normalization over {layout}, as torch.nn.{kind}.
 def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm1d over ``(N, C)`` or ``(N, C, L)``: batch statistics in training, running ones in
+    evaluation."""
     return _batch_norm("BatchNorm1d", (2, 3), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
@@ -264,6 +266,7 @@ def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
 def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm2d over ``(N, C, H, W)``: batch statistics in training, running ones in evaluation."""
     return _batch_norm("BatchNorm2d", (4,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
@@ -271,6 +274,7 @@ def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
 def BatchNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm3d over ``(N, C, D, H, W)``: batch statistics in training, running ones in evaluation."""
     return _batch_norm("BatchNorm3d", (5,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
