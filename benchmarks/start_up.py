@@ -34,8 +34,8 @@ COMMANDS = {
     "train": ["-m", "funcnet.cli", "train", "--epochs", "1", "--quiet"],
     "cnn": ["-m", "funcnet.cli", "train", "--model", "cnn", "--epochs", "1", "--quiet"],
     "gpt": ["-m", "funcnet.cli", "train", "--model", "gpt", "--epochs", "1", "--quiet"],
-    "comparisons": ["-m", "comparisons", "--no-source"],
-    "tensors": ["-m", "comparisons", "tensors", "--no-source"],
+    "comparisons": ["-m", "comparisons", "--no-source", "--no-page"],
+    "tensors": ["-m", "comparisons", "tensors", "--no-source", "--no-page"],
 }
 
 

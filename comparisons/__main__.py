@@ -1,11 +1,14 @@
-"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--html DIR] [--float64] [--from-json PATH]``
+"""``python -m comparisons [NAME ...] [--list] [--json PATH] [--report DIR] [--html DIR] [--no-page] [--float64] [--from-json PATH]``
 
 Runs each comparison (PyTorch form and JAX form on the same numbers), prints the
 two sources, the two results, the checks with their tolerances and the two timings
 (first call with its compile time, and steady state) side by side, and exits non-zero
-if any verdict fails (or a comparison crashes). ``--html DIR`` writes the same as a
-static page, ``DIR/index.html`` (see comparisons/_page.py). ``--from-json PATH`` renders a
-run saved with ``--json`` (terminal, ``--report``, ``--html``) without running anything.
+if any verdict fails (or a comparison crashes). It then writes the same as a static
+page, ``runs/comparisons/index.html`` (see comparisons/_page.py), and the JSON the page
+is rendered from, ``runs/comparisons/results.json``, and says where; ``--html DIR`` and
+``--json PATH`` move them, ``--no-page`` writes neither unless asked for by those flags.
+``--from-json PATH`` renders a saved run (terminal, ``--report``, the page) without
+running anything.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ ORDER = [
 ]
 # The comparisons whose float64 mode is part of the contract (agreement to ~1e-10).
 FLOAT64_DEFAULT = ["autograd", "training_loop"]
+# Where a run writes its page and JSON unless --html / --json / --no-page say otherwise.
+DEFAULT_PAGE_DIR = Path("runs") / "comparisons"
 
 
 def available() -> list[str]:
@@ -150,22 +155,33 @@ def _unwritable(args) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m comparisons", description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="comparisons to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the comparisons and exit")
-    parser.add_argument("--json", metavar="PATH", help="write machine-readable results")
-    parser.add_argument("--report", metavar="DIR", help="write DIR/report.md with PNG plots")
+    parser.add_argument("--json", metavar="PATH",
+                        help="write machine-readable results there (default: results.json in the page's folder, "
+                             f"{DEFAULT_PAGE_DIR / 'results.json'}; a --from-json run writes none)")
+    parser.add_argument("--report", metavar="DIR", help="write DIR/report.md with PNG plots (default: none)")
     parser.add_argument("--html", metavar="DIR",
                         help="write DIR/index.html: the sources side by side, outputs, checks and plots in one "
-                             "static page (no server, no network)")
+                             f"static page (no server, no network) (default: {DEFAULT_PAGE_DIR})")
+    parser.add_argument("--no-page", action="store_true",
+                        help="write no page and no JSON but those --html and --json ask for")
     parser.add_argument("--float64", action="store_true",
                         help=f"run in float64 in a process with JAX_ENABLE_X64 (default names: "
                              f"{' '.join(FLOAT64_DEFAULT)})")
     parser.add_argument("--no-source", action="store_true", help="do not print the sources")
     parser.add_argument("--from-json", metavar="PATH",
-                        help="render a run saved with --json (terminal, --report, --html) instead of running")
-    args = parser.parse_args(argv)
+                        help="render a run saved with --json (terminal, --report, --html) instead of running (default: none, run)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.no_page:  # a first run ends with a page to open, and the JSON it can be re-rendered from
+        args.html = args.html or str(DEFAULT_PAGE_DIR)
+        args.json = args.json or str(Path(args.html) / "results.json")
 
     names = available()
     if args.list:
@@ -219,20 +235,23 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.json, json.dumps({"dtype": opts.dtype, "results": [r.to_json() for r in results]},
                                            indent=2) + "\n")  # a killed run leaves the previous file whole
+    written = []
     if args.report:
-        path = write_report(results, Path(args.report), opts)
-        console.print(f"report written to {path}")
+        written.append(("report", write_report(results, Path(args.report), opts)))
     if args.html:
         from comparisons._page import write_page
 
-        path = write_page(results, Path(args.html), opts)
-        console.print(f"page written to {path}")
+        written.append(("page", write_page(results, Path(args.html), opts)))
+    if args.json and not args.from_json:
+        written.append(("results", Path(args.json)))
     failed = [r.name for r in results if not r.ok]
     if failed:
         console.print(f"[bold red]{len(failed)} comparison(s) failed:[/] {', '.join(failed)}")
-        return 1
-    console.print(f"[bold green]all {len(results)} comparisons agree[/]")
-    return 0
+    else:
+        console.print(f"[bold green]all {len(results)} comparisons agree[/]")
+    for what, path in written:  # last, so a run ends with where to look
+        console.print(f"{what} written to {path}", highlight=False, soft_wrap=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

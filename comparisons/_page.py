@@ -257,9 +257,12 @@ def render(results: list[Result], opts: Options = Options()) -> str:
 
 
 def write_page(results: list[Result], directory: Path, opts: Options = Options()) -> Path:
-    """Write ``directory/index.html`` and return its path."""
+    """Write ``directory/index.html`` (atomically: a killed run leaves the previous page whole) and
+    return its path."""
+    from funcnet.cli.outputs import write_atomic
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "index.html"
-    path.write_text(render(results, opts), encoding="utf-8")
+    write_atomic(path, render(results, opts))
     return path

@@ -1,12 +1,13 @@
 """The README's picture of the comparisons page, taken in headless Chromium.
 
-    python -m comparisons --json r.json                    # the run (or any saved one)
-    python -m comparisons --from-json r.json --html page   # its page, without running again
-    python -m comparisons._screenshot page/index.html docs/img/comparisons_page.png
+    python -m comparisons                                  # the run: runs/comparisons/index.html
+    python -m comparisons --from-json r.json --html page   # or a saved run's page, without running again
+    python -m comparisons._screenshot runs/comparisons/index.html docs/img/comparisons_page.png
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and selenium (the ``test`` extra), as the
-page test does. The picture is the top of the page (headline, summary, concept map) at
-1440 pixels wide, saved as an 8-bit palette PNG to keep the repository small.
+page test does; without them it exits 2 with one line naming what to install. The picture
+is the top of the page (headline, summary, concept map) at 1440 pixels wide, saved as an
+8-bit palette PNG to keep the repository small.
 """
 
 from __future__ import annotations
@@ -17,9 +18,22 @@ import sys
 from pathlib import Path
 
 
+class MissingTool(RuntimeError):
+    """A program or package the screenshot needs is not installed; the message says how to install it."""
+
+
+def _require_selenium() -> None:
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        raise MissingTool('selenium is not installed; it comes with the test extra: pip install -e ".[test]"') \
+            from None
+
+
 def screenshot(page: Path | str, png: Path, *, width: int = 1440, height: int = 1960, viewport: bool = False) -> Path:
     """Save ``page`` (a file, or an http:// URL) as seen in a ``width`` x ``height`` window to ``png``
     (``viewport``: the page's own area is that size, the picture too)."""
+    _require_selenium()
     from PIL import Image
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -27,7 +41,7 @@ def screenshot(page: Path | str, png: Path, *, width: int = 1440, height: int = 
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if not binary or not driver_path:
-        raise RuntimeError("chromium and chromedriver are needed (apt-get install chromium chromium-driver)")
+        raise MissingTool("chromium and chromedriver are needed: apt-get install chromium chromium-driver")
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
@@ -51,14 +65,19 @@ def screenshot(page: Path | str, png: Path, *, width: int = 1440, height: int = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m comparisons._screenshot", description=__doc__.splitlines()[0])
-    parser.add_argument("page", type=Path, help="the page's index.html (python -m comparisons --html DIR)")
+    parser.add_argument("page", type=Path,
+                        help="the page's index.html (python -m comparisons writes runs/comparisons/index.html)")
     parser.add_argument("png", type=Path, help="where to write the picture")
     args = parser.parse_args(argv)
     if not args.page.is_file():
-        print(f"{args.page}: no such page; write one with python -m comparisons --from-json r.json --html page",
+        print(f"{args.page}: no such page; write one with python -m comparisons (runs/comparisons/index.html)",
               file=sys.stderr)
         return 2
-    print(f"wrote {screenshot(args.page, args.png)}")
+    try:
+        print(f"wrote {screenshot(args.page, args.png)}")
+    except MissingTool as e:
+        print(f"python -m comparisons._screenshot: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -11,6 +11,11 @@ float dtype. VJP rules use the same traced operations, so a backward pass run in
 
 torch: ``y.backward()``, ``x.grad``, ``y.grad_fn.next_functions``; JAX: ``jax.grad``, ``jax.vjp``,
 ``jax.make_jaxpr`` (here ``make_graph``).
+
+Examples:
+    >>> from funcnet import autodiff
+    >>> float(autodiff.grad(lambda x: (x * x).sum())(3.0))  # d(x^2)/dx at 3
+    6.0
 """
 
 from __future__ import annotations
@@ -319,10 +324,12 @@ class Graph(NamedTuple):
 
     @property
     def nodes(self) -> list:
+        """The recorded operations (nodes with a primitive), inputs first, in topological order."""
         return [n for n in _toposort(self.output, {id(x) for x in self.inputs}) if n.prim is not None]
 
     @property
     def primitives(self) -> list[str]:
+        """The names of ``nodes``' primitives, in the same order."""
         return [n.prim.name for n in self.nodes]
 
     def __str__(self):

@@ -52,6 +52,15 @@ write, ~14 ms with the two fsyncs that make it durable, is verified on every rea
 starts no threads. It targets single-process states whose arrays fit in host memory
 (the scope of this library); a pmap-replicated state is saved with its device axis,
 so unreplicate it first.
+
+Examples:
+    >>> import tempfile
+    >>> import jax.numpy as jnp
+    >>> from funcnet import checkpoint
+    >>> folder, state = tempfile.mkdtemp(), {"w": jnp.ones(3)}
+    >>> _ = checkpoint.save(folder, state, step=7)
+    >>> checkpoint.latest_step(folder), checkpoint.restore(folder, state)["w"].tolist()
+    (7, [1.0, 1.0, 1.0])
 """
 
 from __future__ import annotations
@@ -84,7 +93,17 @@ LOCK_NAME = ".lock"
 
 
 class CheckpointError(ValueError):
-    """A missing, corrupt, truncated or mismatched checkpoint; the message names the file and the fix."""
+    """A missing, corrupt, truncated or mismatched checkpoint; the message names the file and the fix.
+
+    Examples:
+        >>> import tempfile
+        >>> from funcnet import CheckpointError, checkpoint
+        >>> try:
+        ...     checkpoint.restore(tempfile.mkdtemp(), {})
+        ... except CheckpointError as e:
+        ...     print(type(e).__name__)
+        CheckpointError
+    """
 
 
 class CheckpointLockedError(CheckpointError):
@@ -122,6 +141,8 @@ class lock:
         self._fd = None
 
     def acquire(self) -> "lock":
+        """Take the lock without waiting; raise ``CheckpointLockedError`` naming the holder's PID if another process
+        has it."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - Windows
@@ -156,6 +177,7 @@ class lock:
         return self
 
     def release(self) -> None:
+        """Give the lock back (removing the lock file first when ``remove``); a second call does nothing."""
         if self._fd is not None:
             if self.remove:
                 with contextlib.suppress(OSError):

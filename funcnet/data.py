@@ -14,6 +14,12 @@ the same pixels in the same order.
 
 torch counterpart: ``DataLoader(dataset, batch_size, shuffle=True)`` reshuffles from
 the global generator; ``batches(key, ...)`` gives the same order for the same key.
+
+Examples:
+    >>> from funcnet import data
+    >>> (x_train, y_train), (x_test, y_test) = data.load("digits")
+    >>> x_train.shape, x_test.shape, data.num_classes("digits")
+    ((1437, 64), (360, 64), 10)
 """
 
 from __future__ import annotations

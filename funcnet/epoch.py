@@ -172,6 +172,16 @@ def run_epoch(step, state: TrainState, x, y, *, batch_size: int, scan: bool = Tr
     On CPU a step with convolutions always takes the Python loop: XLA:CPU compiles a
     convolution inside a loop body to a naive kernel, 20-40x slower than the one it uses
     in a single step (jax-ml/jax#12868), so the scan would lose to the loop it replaces.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from funcnet import create_train_state, make_step, nn, run_epoch
+        >>> model, tx = nn.Linear(3, 2), optax.sgd(0.1)
+        >>> state = create_train_state(model, tx, jax.random.key(0))
+        >>> state, metrics = run_epoch(make_step(model, tx), state, jnp.ones((40, 3)), jnp.zeros(40, jnp.int32),
+        ...                            batch_size=8)
+        >>> int(state.step), metrics["loss"].shape  # 40 // 8 steps, one loss each
+        (5, (5,))
     """
     _guards.check_step_fn(step)
     _check_unshared(state)
@@ -213,6 +223,15 @@ def evaluate(model: Module, params, x, y, *, state: Any = None, batch_size: int 
 
     The loss is ``loss_fn(..., reduction="sum")`` over all batches divided by the number of
     target elements (funcnet's losses take ``reduction``).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from funcnet import evaluate, nn
+        >>> model = nn.Linear(3, 2)
+        >>> params = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+        >>> result = evaluate(model, params, jnp.ones((4, 3)), jnp.zeros(4, jnp.int32))
+        >>> round(result["loss"], 4)  # equal logits: log 2
+        0.6931
     """
     if len(x) != len(y):
         raise ValueError(f"x has {len(x)} examples but y has {len(y)}; they must be equal")

@@ -83,7 +83,7 @@ REMAT = ("paper", "selective", "full")
 
 
 def remat_policy(remat):
-    """The ``jax.checkpoint`` policy for ``GPT(..., remat=...)``:
+    """The ``jax.checkpoint`` policy for ``GPT(..., remat=...)``, one of these.
 
     - ``"paper"``: keep exactly the paper's list (``ACTIVATIONS``) and recompute the rest
       (LayerNorm's statistics, the GELU's erf terms, the scores before the softmax):

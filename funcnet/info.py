@@ -16,6 +16,7 @@ __all__ = ["jax_stack", "torch_stack", "stacks", "print_stacks"]
 
 
 def jax_stack() -> dict[str, str]:
+    """JAX's versions, backend and devices, as name -> text."""
     import jax
     import jaxlib
 
@@ -39,6 +40,7 @@ def jax_stack() -> dict[str, str]:
 
 
 def torch_stack() -> dict[str, str]:
+    """torch's version, CUDA and distributed backends, as name -> text ("not installed" without torch)."""
     try:
         import torch
         import torch.distributed as dist
@@ -67,12 +69,14 @@ def torch_stack() -> dict[str, str]:
 
 
 def stacks() -> dict[str, dict[str, str]]:
+    """The machine, JAX and torch stacks, as ``{"machine" | "jax" | "torch": {name: text}}``."""
     return {"machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "cpus": str(os.cpu_count())},
             "jax": jax_stack(), "torch": torch_stack()}
 
 
 def print_stacks() -> None:
+    """Print ``stacks()`` as one table per stack."""
     from rich.console import Console
     from rich.table import Table
 

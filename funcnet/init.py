@@ -9,6 +9,13 @@ shape ``(out, in, *kernel)``, ``fan_in = in * prod(kernel)`` and
 torch counterpart: ``torch.nn.init.xavier_uniform_(w)`` fills ``w`` in place from
 the global generator; here ``w = xavier_uniform(key, w_shape)`` is a new array
 and the key says exactly where the randomness comes from.
+
+Examples:
+    >>> import jax
+    >>> from funcnet import init
+    >>> w = init.kaiming_uniform(jax.random.key(0), (64, 32))
+    >>> w.shape, bool(abs(w).max() <= (6 / 32) ** 0.5)  # bound gain * sqrt(3 / fan_in), gain sqrt(2)
+    ((64, 32), True)
 """
 
 from __future__ import annotations
@@ -86,11 +93,13 @@ def normal(key, shape, dtype=jnp.float32, *, mean: float = 0.0, std: float = 1.0
 
 
 def zeros(key, shape, dtype=jnp.float32):
+    """All zeros of ``shape`` and ``dtype`` (torch.nn.init.zeros_); ``key`` is unused."""
     del key
     return jnp.zeros(tuple(shape), dtype)
 
 
 def ones(key, shape, dtype=jnp.float32):
+    """All ones of ``shape`` and ``dtype`` (torch.nn.init.ones_); ``key`` is unused."""
     del key
     return jnp.ones(tuple(shape), dtype)
 

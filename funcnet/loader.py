@@ -173,6 +173,8 @@ class CropFlip:
         self.padding = padding
 
     def __call__(self, example, rng: np.random.Generator):
+        """The example's image cropped and maybe flipped, with its label; the offsets and the flip drawn from
+        ``rng``."""
         image, label = example
         if image.ndim < 2:
             raise ValueError(f"CropFlip: an image of shape (C, H, W) or (H, W) is needed, got shape {image.shape}; "

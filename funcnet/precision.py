@@ -13,6 +13,13 @@ float16 gradients do not underflow, skip the step when they overflow).
   which returns the next state (nothing mutates), so they ride in a jitted step.
 - ``all_finite(tree)`` and ``select_tree(pred, a, b)``: the overflow test and the
   "keep the old params on a skipped step" switch, both on device.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import precision
+    >>> tree = precision.cast_floating({"w": jnp.ones(2), "n": jnp.arange(2)}, jnp.bfloat16)
+    >>> str(tree["w"].dtype), str(tree["n"].dtype)  # floats cast, integers kept
+    ('bfloat16', 'int32')
 """
 
 from __future__ import annotations
@@ -133,12 +140,15 @@ class Policy:
                 f"output={self.output_dtype.name}")
 
     def cast_to_param(self, tree: Any) -> Any:
+        """``tree``'s floating leaves in ``param_dtype`` (the stored weights)."""
         return cast_floating(tree, self.param_dtype)
 
     def cast_to_compute(self, tree: Any) -> Any:
+        """``tree``'s floating leaves in ``compute_dtype`` (the forward's arithmetic)."""
         return cast_floating(tree, self.compute_dtype)
 
     def cast_to_output(self, tree: Any) -> Any:
+        """``tree``'s floating leaves in ``output_dtype`` (what the forward returns)."""
         return cast_floating(tree, self.output_dtype)
 
 
@@ -328,12 +338,15 @@ class StaticLossScale:
         object.__setattr__(self, "loss_scale", loss_scale)
 
     def scale(self, loss: Any) -> jax.Array:
+        """The loss times the scale, multiplied in float32 (or wider) and returned in the loss's dtype, as torch."""
         return _scale_loss(loss, self.loss_scale)
 
     def unscale(self, grads: Any) -> Any:
+        """The gradients times 1/scale, in float32 at least (a half-precision gradient is widened first)."""
         return _unscale(grads, *_inverse(self.loss_scale))
 
     def adjust(self, grads_finite: Any) -> StaticLossScale:
+        """The same scale: a static scale never changes."""
         del grads_finite
         return self
 
@@ -345,15 +358,19 @@ class NoOpLossScale:
 
     @property
     def loss_scale(self) -> jax.Array:
+        """Always 1.0, a float32 scalar."""
         return jnp.float32(1.0)
 
     def scale(self, loss: Any) -> jax.Array:
+        """The loss as it is."""
         return jnp.asarray(loss)
 
     def unscale(self, grads: Any) -> Any:
+        """The gradients, half-precision ones widened to float32."""
         return _unscale(grads, jnp.float32(1.0), jnp.float32(1.0))
 
     def adjust(self, grads_finite: Any) -> NoOpLossScale:
+        """Itself: nothing to adjust."""
         del grads_finite
         return self
 

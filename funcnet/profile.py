@@ -12,6 +12,12 @@ torch counterpart::
     ms = start.elapsed_time(end)
 
 is ``out, seconds = timed(model_apply, params, x)`` here.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import profile
+    >>> profile.flops(lambda a, b: a @ b, jnp.ones((8, 16)), jnp.ones((16, 4)))  # 2 * 8 * 16 * 4
+    1024.0
 """
 
 from __future__ import annotations

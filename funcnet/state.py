@@ -16,7 +16,18 @@ __all__ = ["state_dict", "load_state_dict", "StateDictError", "merge", "tied_key
 
 
 class StateDictError(ValueError):
-    """Raised by strict loading; lists every missing key, unexpected key and shape mismatch."""
+    """Raised by strict loading; lists every missing key, unexpected key and shape mismatch.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from funcnet import StateDictError, load_state_dict, nn
+        >>> params = nn.Linear(3, 2).init(jax.random.key(0))
+        >>> try:
+        ...     load_state_dict(params, {"weight": jnp.zeros((2, 3))})
+        ... except StateDictError as e:
+        ...     print("bias" in str(e))
+        True
+    """
 
 
 def _is_leaf(node) -> bool:
@@ -49,6 +60,13 @@ def state_dict(params: Any, state: Any = None, *, model: Any = None) -> dict[str
     The order is that of the dicts, and every JAX transformation (jit, grad, tree_map)
     returns dicts with sorted keys; pass ``model=`` for torch's order (a module's own
     parameters, then its buffers, then its children in the order they were declared).
+
+    Examples:
+        >>> import jax
+        >>> from funcnet import nn, state_dict
+        >>> model = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 1))
+        >>> {k: v.shape for k, v in state_dict(model.init(jax.random.key(0))).items()}  # torch's keys
+        {'0.weight': (2, 3), '0.bias': (2,), '2.weight': (1, 2), '2.bias': (1,)}
     """
     flat = _flatten(params, state)
     if model is None:
@@ -203,6 +221,14 @@ def load_state_dict(params: Any, sd: Mapping[str, Any], strict: bool = True, *, 
     mismatch is always an error (as in torch), except a one-element ``(1,)`` array for a
     0-d leaf (``num_batches_tracked`` as older files stored it), which torch loads too. All
     problems are reported together in one ``StateDictError``. A tied parameter's second key must hold the same values as its first.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from funcnet import load_state_dict, nn
+        >>> params = nn.Linear(3, 2).init(jax.random.key(0))
+        >>> loaded = load_state_dict(params, {"weight": jnp.zeros((2, 3)), "bias": jnp.ones(2)})
+        >>> loaded["bias"].tolist()
+        [1.0, 1.0]
     """
     if not isinstance(sd, Mapping):
         raise TypeError(f"load_state_dict: expected a mapping of dotted keys to arrays, got {type(sd).__name__}")

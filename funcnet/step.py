@@ -38,6 +38,13 @@ class TrainState(NamedTuple):
     model_state: the model's state (torch's buffers, e.g. BatchNorm's running statistics),
     ``{}`` for a model without state. Only ``params`` are differentiated and updated by
     the optimizer; ``model_state`` is what the forward passes return.
+
+    Examples:
+        >>> import jax, optax
+        >>> from funcnet import TrainState, create_train_state, nn
+        >>> state = create_train_state(nn.Linear(3, 2), optax.sgd(0.1), jax.random.key(0))
+        >>> isinstance(state, TrainState), TrainState._fields[:4]
+        (True, ('params', 'opt_state', 'step', 'key'))
     """
 
     params: Any
@@ -57,6 +64,13 @@ def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax
     ``loss_scale``: a ``funcnet.precision`` loss-scale state (e.g. ``DynamicLossScale()``);
     ``policy``: the params are stored in its ``param_dtype`` (the master copy); the model's
     state keeps its own dtypes (running statistics stay float32, as in torch autocast).
+
+    Examples:
+        >>> import jax, optax
+        >>> from funcnet import create_train_state, nn
+        >>> state = create_train_state(nn.Linear(3, 2), optax.adam(1e-3), jax.random.key(0))
+        >>> int(state.step), sorted(state.params)
+        (0, ['bias', 'weight'])
     """
     if not isinstance(model, Module):
         hint = (" (a list of layers: wrap it, nn.Sequential(*layers))" if isinstance(model, (list, tuple)) else
@@ -113,7 +127,13 @@ def _check_unshared(state) -> None:
 class Position(NamedTuple):
     """Where a run stands, for ``fit(start=...)``: ``epoch`` epochs are complete. Inside the
     next one, ``perm_key`` is the key its shuffle was drawn from and ``metrics`` the per-step
-    ``{"loss", "accuracy"}`` arrays of the steps already taken (both None at an epoch boundary)."""
+    ``{"loss", "accuracy"}`` arrays of the steps already taken (both None at an epoch boundary).
+
+    Examples:
+        >>> from funcnet import Position
+        >>> Position(epoch=2)  # two epochs done: fit(start=Position(2)) begins the third
+        Position(epoch=2, perm_key=None, metrics=None)
+    """
 
     epoch: int = 0
     perm_key: Any = None
@@ -198,6 +218,8 @@ def default_metrics(outputs: jax.Array, targets: jax.Array) -> dict:
 
 
 def is_classification(outputs, targets) -> bool:
+    """Whether (outputs, targets) look like class logits and integer labels: targets integer, outputs one axis more,
+    same leading shape."""
     return (jnp.issubdtype(jnp.result_type(targets), jnp.integer)
             and jnp.ndim(outputs) == jnp.ndim(targets) + 1
             and jnp.shape(outputs)[:-1] == jnp.shape(targets))
@@ -250,6 +272,16 @@ def make_step(
 
     ``step.raw`` is the uncompiled function, for use inside other transformations
     (``run_epoch`` scans it).
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from funcnet import create_train_state, make_step, nn
+        >>> model, tx = nn.Linear(3, 2), optax.sgd(0.1)
+        >>> step = make_step(model, tx)
+        >>> batch = (jnp.ones((4, 3)), jnp.zeros(4, jnp.int32))
+        >>> state, metrics = step(create_train_state(model, tx, jax.random.key(0)), batch)
+        >>> int(state.step), sorted(metrics)
+        (1, ['accuracy', 'loss'])
     """
     if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) or accum_steps < 1:
         raise ValueError(f"accum_steps must be a positive int, got {accum_steps!r}")

@@ -1,8 +1,8 @@
-"""A character-level text data set with no download: CPython's own documentation.
+r"""A character-level text data set with no download: CPython's own documentation.
 
 ``pydoc_data.topics.topics`` ships with every CPython (it backs ``help("assert")``): 79
 topics, about 465,000 characters of English prose and code (the exact text depends on the
-Python version). The corpus is the topics joined by "\\n" in sorted key order; the
+Python version). The corpus is the topics joined by "\n" in sorted key order; the
 vocabulary is its sorted set of characters; the first 90% of the characters train, the
 rest validate (by position, as nanoGPT's shakespeare_char). Blocks are contiguous
 ``block_size + 1`` characters, giving ``x`` (the first block_size ids) and ``y`` (the
@@ -30,7 +30,7 @@ TRAIN_FRACTION = 0.9
 
 @functools.lru_cache(maxsize=1)
 def corpus() -> str:
-    """The topics of ``pydoc_data.topics`` joined by "\\n" in sorted key order."""
+    r"""The topics of ``pydoc_data.topics`` joined by "\n" in sorted key order."""
     from pydoc_data.topics import topics
 
     return "\n".join(topics[k] for k in sorted(topics))
@@ -44,9 +44,11 @@ class Vocab(NamedTuple):
 
     @property
     def size(self) -> int:
+        """The number of characters (the model's vocabulary size)."""
         return len(self.chars)
 
     def encode(self, s: str) -> np.ndarray:
+        """The int32 ids of ``s``'s characters; a ValueError names characters outside the vocabulary."""
         index = {c: i for i, c in enumerate(self.chars)}
         missing = sorted(set(s) - set(index))
         if missing:
@@ -55,6 +57,7 @@ class Vocab(NamedTuple):
         return np.fromiter((index[c] for c in s), dtype=np.int32, count=len(s))
 
     def decode(self, ids) -> str:
+        """The text of ``ids``; a ValueError names ids outside ``[0, size)``."""
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.size):
             raise ValueError(f"decode: ids range over [{ids.min()}, {ids.max()}], expected [0, {self.size - 1}]")
@@ -132,8 +135,8 @@ def unigram_entropy(ids=None) -> float:
 def complete(model, params, prompt: str, max_new_tokens: int, *, key, temperature: float = 1.0,
              top_k: int | None = None, greedy: bool = False, vocab: Vocab | None = None,
              block_size: int | None = None) -> str:
-    """``prompt`` followed by ``max_new_tokens`` characters from ``funcnet.gpt.generate``
-    (an empty prompt starts from "\\n", as nanoGPT's sample.py). ``block_size``: the context
+    r"""``prompt`` followed by ``max_new_tokens`` characters from ``funcnet.gpt.generate``
+    (an empty prompt starts from "\n", as nanoGPT's sample.py). ``block_size``: the context
     kept, for a model without a GPT's position embedding (the LSTM)."""
     from funcnet.gpt import generate
 

@@ -8,6 +8,12 @@ torch's five lines::
 
 become one compiled function (``make_step``, in ``funcnet.step``); ``run_epoch`` and
 ``evaluate`` live in ``funcnet.epoch``; all are importable from here.
+
+Examples:
+    >>> import funcnet
+    >>> from funcnet import train
+    >>> train.fit is funcnet.fit, train.TrainState is funcnet.TrainState  # also at the top level
+    (True, True)
 """
 
 from __future__ import annotations
@@ -200,6 +206,15 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     metrics are fetched once. The old keywords ``policy``, ``loss_scale``, ``parallel``,
     ``buffers``, ``on_epoch``, ``every_steps`` and ``on_steps`` still work for one release,
     with a ``DeprecationWarning`` naming the new form.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from funcnet import fit, nn
+        >>> x, y = jnp.ones((64, 3)), jnp.zeros(64, jnp.int32)
+        >>> state, history = fit(nn.Linear(3, 2), optax.sgd(0.1), (x, y), epochs=2, batch_size=16,
+        ...                      key=jax.random.key(0), progress=False)
+        >>> [h["step"] for h in history], history[1]["train_loss"] < history[0]["train_loss"]
+        ([4, 8], True)
     """
     precision, strategy, callbacks = _grouped(deprecated, precision, strategy, callbacks)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:

@@ -25,7 +25,7 @@ def _failed(checks):
 def test_runner_with_one_device_runs_the_jax_part_in_a_child(tmp_path):
     # `python -m comparisons` starts with one CPU device: the JAX forms must still run on 2.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-m", "comparisons", "data_parallel", "--no-source", "--json",
+    out = subprocess.run([sys.executable, "-m", "comparisons", "data_parallel", "--no-source", "--no-page", "--json",
                           str(tmp_path / "r.json")], env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True,
                          text=True, timeout=400, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

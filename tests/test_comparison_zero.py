@@ -20,7 +20,7 @@ def _failed(checks):
 
 def test_runner_with_one_device_runs_the_jax_part_in_a_child(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run([sys.executable, "-m", "comparisons", "zero", "--no-source", "--json",
+    out = subprocess.run([sys.executable, "-m", "comparisons", "zero", "--no-source", "--no-page", "--json",
                           str(tmp_path / "r.json")], env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True,
                          text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

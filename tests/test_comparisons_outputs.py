@@ -16,5 +16,5 @@ def test_unwritable_outputs_are_refused_before_running(tmp_path, capsys, monkeyp
 
     monkeypatch.setattr(runner, "run_one", lambda *a, **k: pytest.fail("ran a comparison before checking outputs"))
     (tmp_path / "file").write_text("x")
-    assert main(["tensors", *[f.format(tmp=tmp_path) for f in flags]]) == 2
+    assert main(["tensors", "--no-page", *[f.format(tmp=tmp_path) for f in flags]]) == 2
     assert message.format(tmp=tmp_path) in capsys.readouterr().err

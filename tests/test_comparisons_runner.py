@@ -1,7 +1,9 @@
 """The comparison runner and the paradigms comparison: verdicts, exit status, JSON and report."""
 
 import json
+from pathlib import Path
 
+import pytest
 
 from comparisons import __main__ as runner
 from comparisons import paradigms
@@ -9,7 +11,7 @@ from comparisons._core import Check, Options, Result, Seconds, Side, close
 
 
 def test_paradigms_passes_and_writes_json_and_report(tmp_path, capsys):
-    status = runner.main(["paradigms", "--no-source", "--json", str(tmp_path / "r.json"),
+    status = runner.main(["paradigms", "--no-source", "--no-page", "--json", str(tmp_path / "r.json"),
                           "--report", str(tmp_path / "report")])
     out = json.loads((tmp_path / "r.json").read_text())
     assert status == 0, [c for r in out["results"] for c in r["checks"] if not c["ok"]]
@@ -38,7 +40,7 @@ def test_runner_exits_non_zero_on_a_failed_verdict(monkeypatch, tmp_path):
                       series={"curve": {"torch": [1.0, 0.5], "jax": [1.0, 0.6]}})
 
     monkeypatch.setattr(runner, "run_one", fake_run_one)
-    assert runner.main(["paradigms", "--report", str(tmp_path)]) == 1
+    assert runner.main(["paradigms", "--no-page", "--report", str(tmp_path)]) == 1
     assert (tmp_path / "paradigms_0.png").stat().st_size > 1000
 
 
@@ -46,7 +48,7 @@ def test_report_and_json_carry_the_timing_split(monkeypatch, tmp_path):
     fake = Result("paradigms", "fake", Side("a = 1", "1", Seconds(0.015, 0.0, 0.015)),
                   Side("a = 2", "2", Seconds(2.45, 2.4, 0.041)), [Check("c", True, "d")])
     monkeypatch.setattr(runner, "run_one", lambda name, opts: fake)
-    assert runner.main(["paradigms", "--report", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
+    assert runner.main(["paradigms", "--no-page", "--report", str(tmp_path), "--json", str(tmp_path / "r.json")]) == 0
     report = (tmp_path / "report.md").read_text()
     assert "| [paradigms](#paradigms) | PASS | 1/1 | 15.0 ms | 15.0 ms | 2.45 s | 2.40 s | 41.0 ms |" in report
     assert "### JAX (first call 2.45 s, compile 2.40 s, steady 41.0 ms)" in report
@@ -91,7 +93,7 @@ def test_from_json_renders_a_saved_run_without_running(monkeypatch, tmp_path, ca
                       notes="a note", series={"curve": {"torch": [1.0, 0.5], "jax": [1.0, 0.5]}})
 
     monkeypatch.setattr(runner, "run_one", fake_run_one)
-    assert runner.main(["tensors", "autograd", "--no-source", "--json", str(tmp_path / "r.json")]) == 0
+    assert runner.main(["tensors", "autograd", "--no-source", "--no-page", "--json", str(tmp_path / "r.json")]) == 0
     ran = capsys.readouterr().out
     assert "1/2" in ran and "2/2" in ran and "2 comparisons, 4/4 checks pass" in ran
 
@@ -144,3 +146,54 @@ def test_progress_reaches_the_runners_bar_and_is_silent_without_it():
             pass
     shown = out.getvalue()
     assert "[1/1] running fake: training steps" in shown and "4/4" in shown
+
+
+def _fake(name, opts):
+    return Result(name, "fake", Side("a = 1", "1", Seconds(0.01)), Side("a = 1", "1", Seconds(0.02)),
+                  [Check("c", True, "d")])
+
+
+def test_a_run_writes_its_page_and_json_under_runs_by_default_and_says_where_last(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_one", _fake)
+    assert runner.main(["tensors", "--no-source"]) == 0
+    folder = tmp_path / "runs" / "comparisons"
+    assert sorted(p.name for p in folder.iterdir()) == ["index.html", "results.json"]  # no temporary file left
+    assert 'id="cmp-tensors"' in (folder / "index.html").read_text(encoding="utf-8")
+    (saved,) = json.loads((folder / "results.json").read_text())["results"]
+    assert saved["name"] == "tensors" and saved["ok"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert lines[-2:] == [f"page written to {Path('runs', 'comparisons', 'index.html')}",
+                          f"results written to {Path('runs', 'comparisons', 'results.json')}"]
+    # the saved JSON re-renders the page in place (it is the input then: not written over)
+    monkeypatch.setattr(runner, "run_one", lambda *a: pytest.fail("--from-json ran a comparison"))
+    before = (folder / "results.json").read_bytes()
+    assert runner.main(["--from-json", str(folder / "results.json"), "--no-source"]) == 0
+    assert (folder / "results.json").read_bytes() == before
+    assert capsys.readouterr().out.rstrip().endswith(f"page written to {Path('runs', 'comparisons', 'index.html')}")
+    # a default output that is the --from-json input is refused, as an explicit one is
+    assert runner.main(["--from-json", str(folder / "index.html")]) == 2
+    assert f"--html runs/comparisons/index.html is --from-json {folder / 'index.html'}" in capsys.readouterr().err
+
+
+def test_no_page_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_one", _fake)
+    assert runner.main(["tensors", "--no-source", "--no-page"]) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_screenshot_helper_without_selenium_is_one_line_naming_the_extra(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from comparisons import _screenshot
+
+    page = tmp_path / "index.html"
+    page.write_text("<html></html>")
+    monkeypatch.setitem(sys.modules, "selenium", None)  # `import selenium` raises ImportError, as when missing
+    assert _screenshot.main([str(page), str(tmp_path / "shot.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert captured.err == ('python -m comparisons._screenshot: error: selenium is not installed; it comes with the '
+                            'test extra: pip install -e ".[test]"\n')
+    assert not (tmp_path / "shot.png").exists()

@@ -54,7 +54,7 @@ def _render(monkeypatch, capsys, columns, *flags):
     fakes = _fake_results(sources)
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.setattr(runner, "run_one", lambda name, opts: fakes[name])
-    assert runner.main([*sources, *flags]) == 0
+    assert runner.main([*sources, "--no-page", *flags]) == 0
     return capsys.readouterr().out, sources, fakes
 
 

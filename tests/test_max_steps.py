@@ -21,7 +21,9 @@ def test_max_steps_stops_inside_an_epoch_and_a_resumed_run_ends_as_an_uninterrup
     stop = per_epoch + per_epoch // 2  # half way through epoch 2
     ck, short = str(tmp_path / "ck"), tmp_path / "short"
     assert cli.main(["train", *FLAGS, "--max-steps", str(stop), "--out", str(short), "--checkpoint-dir", ck]) == 0
-    assert f"trained {stop} steps (--max-steps) in 2 epochs" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert f"trained {stop} steps (--max-steps) in 2 epochs" in shown
+    assert "devices: 1 (cpu)\n" in shown and "resumed" not in shown
     metrics = json.loads((short / "metrics.json").read_text())
     assert [(h["epoch"], h["step"]) for h in metrics["history"]] == [(1, per_epoch), (2, stop)]
     assert metrics["config"]["max_steps"] == stop and "test_accuracy" in metrics["final"]
@@ -29,7 +31,10 @@ def test_max_steps_stops_inside_an_epoch_and_a_resumed_run_ends_as_an_uninterrup
 
     # the oracle: the same flags without a limit, in one go
     assert cli.main(["train", *FLAGS, "--out", str(tmp_path / "whole")]) == 0
+    capsys.readouterr()
     assert cli.main(["train", *FLAGS, "--out", str(tmp_path / "resumed"), "--checkpoint-dir", ck, "--resume"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"resumed from step {stop} in {ck}\ndevices: 1 (cpu)\n"), shown  # before it trains
     whole, resumed = (np.load(tmp_path / d / "params.npz") for d in ("whole", "resumed"))
     for k in whole.files:
         np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)

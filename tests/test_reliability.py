@@ -794,3 +794,4 @@ def test_devices_with_fp16_trains_from_the_command_line(tmp_path):
                            "fp16", "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "out" / "params.npz").exists()
+    assert "devices: 2 (cpu, simulated)\n" in proc.stdout  # it says what it runs on

@@ -50,6 +50,7 @@ __all__ = ["main", "build_parser", "EXIT_ERROR", "EXIT_NONFINITE", "EXIT_INTERRU
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``funcnet ARGV`` and return its exit status (0, 2, 3, 130 or 143, as the module docstring lists)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["memory"]:
         from funcnet.cli import memory

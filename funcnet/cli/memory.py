@@ -24,7 +24,7 @@ from funcnet.memory import (
 )
 from funcnet.memory.estimate import _sizes
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 def _parse_sizes(text: str) -> list[int]:
     try:
@@ -124,25 +124,31 @@ def _check_zero_flags(args, given: dict) -> None:
                          f"drop --zero")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``funcnet memory``: print the estimate table; returns the exit status."""
+def build_parser() -> argparse.ArgumentParser:
+    """The ``funcnet memory`` parser: every flag with its help and default."""
     parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
     parser.add_argument("--params", help="parameter count, e.g. 7B, 125M, 7e9 (default: counted from --sizes or "
                                          "the --transformer shapes)")
-    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS))
+    parser.add_argument("--optimizer", default="adam", choices=sorted(OPTIMIZER_SLOTS),
+                        help="its state per parameter: sgd none, momentum and the like one copy, adam and adamw two "
+                             "(default %(default)s)")
     parser.add_argument("--precision", default="fp32", choices=sorted(PRECISIONS),
-                        help="bf16/fp16: half params and grads, float32 master copy and state")  # fmt: skip
-    parser.add_argument("--sizes", help="MLP layer sizes for the activations, e.g. 784,128,10")
-    parser.add_argument("--batch", type=int, help="batch size for the activations (with --sizes or --transformer)")
-    parser.add_argument("--activations", default="0", help="activation bytes, e.g. 20e9 (instead of --sizes/--batch)")
+                        help="bf16/fp16: half params and grads, float32 master copy and state "
+                             "(default %(default)s)")  # fmt: skip
+    parser.add_argument("--sizes", help="MLP layer sizes for the activations, e.g. 784,128,10 (default: none)")
+    parser.add_argument("--batch", type=int,
+                        help="batch size for the activations (with --sizes or --transformer; default: none)")
+    parser.add_argument("--activations", default="0",
+                        help="activation bytes, e.g. 20e9 (instead of --sizes/--batch; default %(default)s)")
     t = parser.add_argument_group("transformer (Korthikanti et al. 2022 activations)")
     t.add_argument("--transformer", action="store_true", help="derive the activations from a GPT's shapes")
-    t.add_argument("--layers", type=int, help="number of layers, e.g. 32")
-    t.add_argument("--hidden", type=int, help="hidden size, e.g. 4096")
-    t.add_argument("--heads", type=int, help="attention heads, e.g. 32")
-    t.add_argument("--vocab", type=int, default=0, help="vocabulary size, e.g. 32000 (adds embeddings and logits)")
-    t.add_argument("--seq", type=int, help="sequence length, e.g. 2048")
-    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default 4)")
+    t.add_argument("--layers", type=int, help="number of layers, e.g. 32 (default: none; needed by --transformer)")
+    t.add_argument("--hidden", type=int, help="hidden size, e.g. 4096 (default: none; needed by --transformer)")
+    t.add_argument("--heads", type=int, help="attention heads, e.g. 32 (default: none; needed by --transformer)")
+    t.add_argument("--vocab", type=int, default=0,
+                   help="vocabulary size, e.g. 32000 (adds embeddings and logits; default %(default)s)")
+    t.add_argument("--seq", type=int, help="sequence length, e.g. 2048 (default: none; needed by --transformer)")
+    t.add_argument("--mlp-ratio", type=int, default=4, help="MLP hidden size / hidden size (default %(default)s)")
     t.add_argument("--activation-dtype",
                    help="dtype of the kept activations (default bf16: the paper's 16-bit activations)")
     t.add_argument("--recompute", "--remat", dest="recompute", choices=RECOMPUTE,
@@ -169,18 +175,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipe.add_argument("--accumulate-in-place", action="store_true",
                       help="microbatch gradients added into the sum in place (torch's .grad, Megatron's "
                            "gradient_accumulation_fusion): no second copy of them (default: one, as jax.vjp gives)")
-    lay.add_argument("--device-memory", help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits")
+    lay.add_argument("--device-memory",
+                     help="memory of one device, e.g. 80GB, 141GB, 16GiB: says if it fits (default: none, not said)")
     lay.add_argument("--layouts", type=int, metavar="N",
                      help=f"list every dp x fsdp x tp layout of N devices (tp <= 8; N up to {LAYOUTS_MAX:,}), under "
-                          f"--remat's policy if given (else each), and the smallest that fits")
+                          f"--remat's policy if given (else each), and the smallest that fits (default: none)")
     z = parser.add_argument_group("ZeRO (Rajbhandari et al. 2020, Figure 1: per-device bytes of data parallelism)")
     z.add_argument("--zero", type=int, choices=(1, 2, 3),
                    help="shard over --dp devices the optimizer state and master copy (1), also the gradients (2), "
                         "also the parameters (3): mixed-precision Adam's (2 + 2 + K) bytes per parameter, K = 12, "
-                        "become 2 + 2 + K/Nd, 2 + (2 + K)/Nd, (2 + 2 + K)/Nd")
+                        "become 2 + 2 + K/Nd, 2 + (2 + K)/Nd, (2 + 2 + K)/Nd (default: none, no sharding)")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as one JSON object (bytes, as the funcnet.memory functions return "
                              "them) instead of the tables")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``funcnet memory``: print the estimate table; returns the exit status."""
+    parser = build_parser()
     args = parser.parse_args(join_negative_values(list(sys.argv[1:] if argv is None else argv)))
     given = {k: getattr(args, k) is not None for k in ("dp", "fsdp", "tp", "params", "sizes", "activation_dtype",
                                                          "recompute", "pp", "microbatches", "schedule")}

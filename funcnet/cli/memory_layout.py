@@ -72,6 +72,8 @@ def _pipeline_note(shape, lay) -> str:
 
 
 def print_layout(args, remat_given: bool = False) -> int:
+    """Print the per-device memory of the --dp/--fsdp/--tp layout (or of every layout of --layouts N) and return the
+    exit status."""
     import json
 
     from rich.table import Table

@@ -98,6 +98,8 @@ def _resume_mode(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``funcnet`` parser: the train and sample flags with their checks and defaults, and the other commands'
+    names."""
     parser = _Parser(prog="funcnet", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -106,18 +108,19 @@ def build_parser() -> argparse.ArgumentParser:
                               "130 interrupted (SIGINT), 143 terminated (SIGTERM; checkpoint saved "
                               "when --checkpoint-dir is given)")
     t.add_argument("--dataset", choices=["digits", "mnist", "synthetic", "text"], default=None,
-                   help="digits (default), mnist, synthetic; text: characters of CPython's bundled docs "
-                        "(the default, and the only data set, of --model gpt)")
-    t.add_argument("--data-dir", default=None, help="folder with the MNIST IDX files (--dataset mnist)")
+                   help="digits, mnist, synthetic; text: characters of CPython's bundled docs (default: digits; text "
+                        "for --model gpt and lstm, their only data set)")
+    t.add_argument("--data-dir", default=None,
+                   help="folder with the MNIST IDX files (needed by --dataset mnist; no default: nothing is downloaded)")
     t.add_argument("--stream", default=None, metavar="DIR",
                    help="train from record shards in DIR (funcnet.loader), read batch by batch from disk; an empty "
                         "or missing DIR gets --dataset's training split written there first; the test split stays "
-                        "in memory")
+                        "in memory (default: none, the data set is trained on from memory)")
     t.add_argument("--workers", type=_non_negative_int, default=None, metavar="K",
                    help="processes that read and batch --stream's records (default 0: this process)")
     t.add_argument("--verify-records", action="store_true",
                    help="read every --stream record once before training: each size and label, and the SHA-256 "
-                        "written with them (without it: the count, the first and last record's sizes)")
+                        "written with them (default: off, only the count and the first and last record's sizes)")
     t.add_argument("--epochs", type=_positive_int, default=20,
                    help="passes over the training data (default %(default)s)")
     t.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
@@ -126,17 +129,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per optimizer step, over all devices (default %(default)s)")
     t.add_argument("--lr", type=_learning_rate, default=1e-3, help="learning rate (default %(default)s)")
-    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam", help="default %(default)s")
+    t.add_argument("--optimizer", choices=["sgd", "adam"], default="adam",
+                   help="optax.sgd or optax.adam, at the learning rate (default %(default)s)")
     t.add_argument("--model", choices=["mlp", "cnn", "gpt", "lstm"], default="mlp",
                    help="mlp: Linear-ReLU layers; cnn: funcnet.models.ConvNet, conv-BatchNorm-ReLU-pool x2 on the "
                         "images (square inputs, side divisible by 4); gpt: funcnet.gpt, a character-level GPT on "
                         "--dataset text; lstm: funcnet.models.LSTMLM, word_language_model's tied LSTM, on "
-                        "--dataset text (--block-size, --n-layer, --n-embd, --sample-chars apply)")
+                        "--dataset text (--block-size, --n-layer, --n-embd, --sample-chars apply) (default %(default)s)")
     g = t.add_argument_group("--model gpt")
     g.add_argument("--block-size", type=_positive_int, default=None, help="context length (default 64)")
-    g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3)")
+    g.add_argument("--n-layer", type=_positive_int, default=None, help="transformer blocks (default 3; 2 for --model lstm, its layers)")
     g.add_argument("--n-head", type=_positive_int, default=None, help="attention heads (default 4)")
-    g.add_argument("--n-embd", type=_positive_int, default=None, help="embedding width (default 96)")
+    g.add_argument("--n-embd", type=_positive_int, default=None, help="embedding width (default 96; 128 for --model lstm)")
     g.add_argument("--remat", choices=["paper", "selective", "full"], default=None,
                    help="activation checkpointing: run the blocks in a lax.scan under jax.checkpoint, keeping the "
                         "paper's tensors, those without the softmax output, or each block's input only (same "
@@ -146,17 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "and kept in metrics.json (default 200)")
     t.add_argument("--hidden", type=_positive_int, nargs="+", default=None,
                    help="hidden layer sizes of the MLP (default: 128)")
-    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
-    t.add_argument("--devices", type=_positive_int, default=1)
-    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None)
-    t.add_argument("--seed", type=_seed, default=0)
+    t.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="bf16: bfloat16 compute with float32 weights; fp16: float16 with a dynamic loss scale, "
+                        "torch.amp.GradScaler's defaults (default %(default)s)")
+    t.add_argument("--devices", type=_positive_int, default=1,
+                   help="data-parallel devices, simulated on a CPU-only machine; --batch-size splits over them "
+                        "(default %(default)s)")
+    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None,
+                   help="how the step is spread over --devices (default: shard_map when --devices > 1, else none)")
+    t.add_argument("--seed", type=_seed, default=0,
+                   help="seed of the initial weights, the data's split and shuffling, and the sample (default %(default)s)")
     t.add_argument("--checkpoint-dir", default=None,
-                   help="save the whole training state there after every epoch (keeps the newest 3)")
+                   help="save the whole training state there after every epoch (keeps the newest 3) (default: none, "
+                        "no checkpoints)")
     t.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="N",
-                   help="also save every N steps inside an epoch (needs --checkpoint-dir)")
+                   help="also save every N steps inside an epoch (needs --checkpoint-dir; default: none, epoch ends only)")
     t.add_argument("--resume", nargs="?", const=True, default=None, type=_resume_mode, metavar="auto",
                    help="continue from the newest checkpoint in --checkpoint-dir, exactly as if uninterrupted; "
-                        "--resume auto also starts a fresh run when there is none yet (restart-safe)")
+                        "--resume auto also starts a fresh run when there is none yet (restart-safe) (default: off, a fresh run "
+                        "in an empty --checkpoint-dir)")
     t.add_argument("--out", default=None,
                    help="output folder of its own (created if missing; replaced as a whole when the run ends; "
                         "locked while the run lasts); default runs/train-MODEL (runs/train-mlp, runs/train-cnn, "

@@ -25,7 +25,7 @@ from funcnet.cli.errors import EXIT_ERROR, UsageError
 from funcnet.cli.outputs import refuse_overwriting_inputs, write_atomic
 from funcnet.cli.parser import join_negative_values
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -33,19 +33,25 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``funcnet port`` parser: every flag with its help and default."""
     p = _OneLineParser(prog="funcnet port", description="Write a torch model as funcnet.nn source.")
     p.add_argument("target", metavar="FILE.py:Class", help="the Python file and the torch.nn.Module class in it")
-    p.add_argument("--args", default="[]", help='JSON list of the constructor\'s positional arguments, e.g. "[10, 3]"')
-    p.add_argument("--kwargs", default="{}", help='JSON object of its keyword arguments, e.g. \'{"depth": 2}\'')
+    p.add_argument("--args", default="[]",
+                   help='JSON list of the constructor\'s positional arguments, e.g. "[10, 3]" (default %(default)s)')
+    p.add_argument("--kwargs", default="{}",
+                   help='JSON object of its keyword arguments, e.g. \'{"depth": 2}\' (default %(default)s)')
     p.add_argument("--input-shape", action="append", default=None, metavar="N,C,H,W",
-                   help="shape of one example input of forward, e.g. 1,3,32,32; repeat for each input")
+                   help="shape of one example input of forward, e.g. 1,3,32,32; repeat for each input "
+                        "(required, no default: forward is recorded on these inputs)")
     p.add_argument("--input-dtype", action="append", choices=["float", "long"], default=None,
-                   help="float (random normal, default) or long (integer tokens in [0, 2)); once for every input, "
-                        "or once per --input-shape")
-    p.add_argument("--seed", type=int, default=0, help="seed of the example inputs and of torch's initial weights")
-    p.add_argument("--out", required=True, help="the .py file to write")
-    p.add_argument("--weights", default=None, help="also write the state_dict to this .safetensors file")
+                   help="float (random normal) or long (integer tokens in [0, 2)); once for every input, "
+                        "or once per --input-shape (default: float)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the example inputs and of torch's initial weights (default %(default)s)")
+    p.add_argument("--out", required=True, help="the .py file to write (required)")
+    p.add_argument("--weights", default=None,
+                   help="also write the state_dict to this .safetensors file (default: none, no weights file)")
     return p
 
 
@@ -165,7 +171,7 @@ def _load_class(path: str, name: str):
 
 def run(argv: Sequence[str]) -> str:
     """Write the port; returns the summary line. Raises UsageError/ConversionError/OSError."""
-    args = _parser().parse_args(join_negative_values(list(argv)))
+    args = build_parser().parse_args(join_negative_values(list(argv)))
     plan = _check(args)
     cls = _load_class(plan["path"], plan["name"])
     import inspect

@@ -95,6 +95,8 @@ def check_fits_in_memory(args, model=None, sizes=None, vocab: int | None = None)
 
 @contextlib.contextmanager
 def out_of_memory_is_one_line(args):
+    """Turn XLA's out-of-memory error inside the block into a one-line ``UsageError`` naming the flags that set the
+    sizes."""
     try:
         yield
     except RuntimeError as e:  # jax.errors.JaxRuntimeError

@@ -53,6 +53,7 @@ def _precision(args):
 
 
 def train_command(args) -> dict:
+    """``funcnet train``: check the flags and outputs, train, write OUT's files and return the metrics."""
     _reject_unsupported(args)
     _check_flags(args)
     data_parallel = args.devices > 1 or args.parallel is not None
@@ -109,6 +110,11 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
         x_tr = y_tr = None  # the training data is read from disk from here on
     done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
+    if "state" in resume_kwargs:  # the newest checkpoint's state: say so, a resumed run looks like a fresh one
+        print(f"resumed from step {run.saved_step} in {args.checkpoint_dir}")
+    used = jax.devices()[:args.devices if data_parallel else 1]
+    simulated = ", simulated" if data_parallel and used[0].platform == "cpu" else ""
+    print(f"devices: {len(used)} ({used[0].platform}{simulated})")
 
     start = time.perf_counter()
     run.training = True
@@ -158,7 +164,7 @@ SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 10
 
 
 def _sample(model, params, args) -> str:
-    """``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
+    r"""``--sample-chars`` characters after "\n", sampled (temperature 0.8, the 10 likeliest),
     deterministic per --seed. Greedy decoding is no sample of a small model: after a few epochs
     its argmax is " " almost everywhere, and it printed a blank line of spaces."""
     import jax

@@ -17,6 +17,13 @@ Tied parameters (nanoGPT's ``lm_head.weight is transformer.wte.weight``) stay ti
 params tree holds the array once, at the first name torch lists, and ``nn.Tied`` at the
 others. torch is imported lazily, inside the functions that need it; the safetensors
 functions never import it.
+
+Examples:
+    >>> import torch
+    >>> from funcnet import interop
+    >>> params = interop.from_torch(torch.nn.Linear(3, 2))
+    >>> {k: v.shape for k, v in params.items()}
+    {'weight': (2, 3), 'bias': (2,)}
 """
 
 from funcnet.interop.files import load_safetensors, save_safetensors

@@ -36,6 +36,7 @@ class Dim(int):
     """A size read off a tensor (or computed from sizes): an int that knows its node."""
 
     def __new__(cls, value: int, ref: Ref, frame: "Frame"):
+        """An int ``value`` that remembers its graph reference ``ref`` and ``frame``."""
         obj = int.__new__(cls, value)
         obj.ref, obj.frame = ref, frame
         return obj
@@ -83,6 +84,7 @@ class Frame:
     names: dict = dataclasses.field(default_factory=dict)  # Ref -> variable name in the user's code
 
     def add(self, node: Node) -> Ref:
+        """Append ``node`` to the graph and return its reference."""
         self.nodes.append(node)
         return Ref(len(self.nodes) - 1)
 
@@ -106,6 +108,7 @@ class Frame:
                 self.bind(getattr(value, f.name), Ref(ref.node, ref.path + (f.name,)))
 
     def own_tensors(self) -> dict:
+        """id -> (path, kind) of the module's own parameters and buffers, read once."""
         if self.tensors is None:
             self.tensors = {}
             persistent = set()
@@ -120,6 +123,7 @@ class Frame:
         return self.tensors
 
     def module_path(self, module) -> str | None:
+        """The dotted path of ``module`` inside this frame's module, or None when it is not a submodule."""
         if self.paths is None:
             self.paths = {id(m): name for name, m in self.module.named_modules() if name}
         return self.paths.get(id(module))
@@ -160,6 +164,7 @@ class Frame:
         return None
 
     def tensor_ref(self, t) -> Ref:
+        """The graph reference of tensor ``t``: a recorded value, an input, a parameter or buffer, or a constant."""
         hit = self.known.get(id(t))
         if hit is not None and hit[0] is t:
             if id(t) in self.stale:

@@ -39,6 +39,8 @@ class Training(NamedTuple):
 
 @dataclasses.dataclass
 class Node:
+    """One recorded value: an input, parameter, buffer, constant, op result, size or child-module call."""
+
     kind: str  # "input" | "param" | "buffer" | "const" | "op" | "dim" | "child"
     target: Any  # input (name, path) | dotted param/buffer path | value | op name | operator name | child path
     args: tuple = ()
@@ -55,6 +57,8 @@ class Node:
 
 @dataclasses.dataclass
 class Graph:
+    """A recorded forward: its nodes in order, where the inputs enter and which nodes are the output and new state."""
+
     signature: Any  # inspect.Signature of the torch forward, without self
     nodes: list[Node]
     inputs: dict  # (argument name, path within it) -> node index, for arrays and sizes
@@ -64,6 +68,7 @@ class Graph:
     names: dict = dataclasses.field(default_factory=dict)  # Ref -> the user's variable name for that value
 
     def key(self) -> tuple:
+        """A hashable summary of the graph: two forwards with the same key replay the same way."""
         return (tuple(n.key() for n in self.nodes), _frozen(self.output), _frozen(self.state_out))
 
 

@@ -53,6 +53,8 @@ class ClassWriter:
         self.later: dict = {}  # id(instance) -> Later, for instances met inside their own class's function
 
     def resolve(self, spec):
+        """The source expression of ``spec``: an instance's constructor call (writing its class first) or the spec
+        itself."""
         if isinstance(spec, tuple) and spec[:1] == ("instance",):
             if spec[1] not in self.calls:
                 cls = next(c for c, ms in self.classes.items() if any(id(m) == spec[1] for m in ms))
@@ -67,6 +69,7 @@ class ClassWriter:
         return spec
 
     def functions(self, root, ties: dict) -> list:
+        """Write every class's function (children first) for the model ``root`` and return their sources."""
         self.root, self.ties = root, ties
         for cls in self.order:
             self.write_class(cls)
@@ -81,6 +84,7 @@ class ClassWriter:
         return out
 
     def write_class(self, cls) -> None:
+        """Write the function of class ``cls`` once, after the classes it builds."""
         if cls in self.done:
             return
         self.done.add(cls)

@@ -20,11 +20,14 @@ _NO_DEFAULT = object()
 
 @dataclasses.dataclass(frozen=True)
 class Leaf:
+    """A funcnet.nn layer call: the factory's name and its non-default arguments."""
+
     factory: str  # funcnet.nn.<factory>
     args: tuple  # ((name, value), ...): the non-default arguments, in the factory's order
 
     @staticmethod
     def of(factory: str, kwargs: dict) -> Leaf:
+        """The Leaf of ``factory(**kwargs)``, keeping only the arguments that differ from the factory's defaults."""
         params = inspect.signature(getattr(nn, factory)).parameters
         items = []
         for name, value in kwargs.items():
@@ -42,18 +45,23 @@ class Leaf:
 
 @dataclasses.dataclass(frozen=True)
 class Container:
+    """An nn.Sequential, nn.ModuleList or nn.ModuleDict of specs."""
+
     kind: str  # nn.Sequential | nn.ModuleList | nn.ModuleDict
     items: tuple  # ((name, spec), ...)
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
+    """A parameter or buffer of a module written as source: its kind, shape and dtype."""
+
     kind: str  # Parameter | Buffer
     shape: tuple
     dtype: str  # "" for the default float
 
     @staticmethod
     def of(kind: str, tensor) -> TensorSpec:
+        """The TensorSpec of torch ``tensor`` (dtype name without ``torch.``; float32 is the empty default)."""
         name = str(tensor.dtype).replace("torch.", "")
         if name == "float32":
             name = ""
@@ -68,6 +76,8 @@ class TensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Call:
+    """A call of a written function: positional arguments first, then those passed by keyword."""
+
     func: str
     args: tuple  # ((name, value), ...): positional first (those without a default)
     keywords: tuple  # names passed by keyword
@@ -75,6 +85,8 @@ class Call:
 
 @dataclasses.dataclass(frozen=True)
 class Arg:
+    """A reference to a constructor argument by name, in a class's written function."""
+
     name: str
 
 

@@ -64,6 +64,7 @@ class Recorder:
         self.skip = (_FUNCNET_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
 
     def problem(self, frame: Frame, message: str, op: str = "") -> None:
+        """Record, once, why the forward cannot be replayed: module path, op, the user's line and ``message``."""
         path = self.rec.names.get(id(frame.module), "?") or "<root>"
         entry = (path, op, user_line(self.skip), message)
         if entry not in self.rec.problems:
@@ -78,14 +79,17 @@ class Recorder:
                 self.produced[id(leaf)] = leaf
 
     def computed(self, tensor) -> bool:
+        """Whether ``tensor`` was made by a torch call recorded while tracing."""
         return self.produced.get(id(tensor)) is tensor
 
     # ---- module calls
     def pre(self, module, args, kwargs):
+        """Forward pre-hook: open a frame for ``module``'s call (quietly, as the hooks record nothing of their own)."""
         with _quiet(self):
             self._pre(module, args, kwargs)
 
     def post(self, module, args, kwargs, output):
+        """Forward hook: close ``module``'s frame and record its output."""
         with _quiet(self):
             return self._post(module, args, kwargs, output)
 
@@ -164,6 +168,7 @@ class Recorder:
 
     # ---- torch calls
     def call(self, func, args, kwargs):
+        """Record one torch function call (``__torch_function__``) in the current frame and run it."""
         import torch
 
         frame = self.stack[-1] if self.stack else None
@@ -252,6 +257,7 @@ class Recorder:
                     frame.names[hit[1]] = var
 
     def data_dependent(self, what: str) -> None:
+        """Record that the forward read a value from a tensor's data (``what``), which a trace cannot follow."""
         frame = self.stack[-1] if self.stack else None
         if frame is not None and not frame.silent:
             self.problem(frame, f"{what}: Python control flow or a Python value taken from a tensor's data cannot "

@@ -6,6 +6,13 @@ same losses with torch's exact signatures, where they are refused by name). The 
 axis of the classification losses is the **last** by default here (``class_axis=-1``,
 a GPT's ``(B, T, V)``); ``funcnet.nn.functional.cross_entropy`` uses torch's axis 1.
 See ``funcnet.losses.core`` for the details of the class axis and of out-of-range labels.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import losses
+    >>> logits = jnp.array([[2.0, 0.0], [0.0, 2.0]])
+    >>> round(float(losses.cross_entropy(logits, jnp.array([0, 1]))), 4)  # log(1 + e^-2)
+    0.1269
 """
 
 from funcnet.losses import core, pointwise, ranking, sequence

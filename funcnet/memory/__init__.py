@@ -12,6 +12,11 @@ torch counterpart: ``torch.cuda.max_memory_allocated()`` after a step (read at r
 time); here the compiler reports it ahead of time, on any backend, CPU included.
 
 Sizes are bytes (int). GB in the table is 10**9 bytes, as in "7B params x 4 bytes = 28 GB".
+
+Examples:
+    >>> from funcnet import memory
+    >>> memory.parse_count("7B"), memory.OPTIMIZER_SLOTS["adam"]  # Adam keeps two values per parameter
+    (7000000000, 2)
 """
 
 from funcnet.memory.estimate import (

@@ -55,6 +55,7 @@ class Estimate(NamedTuple):
     total: int
 
     def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict of bytes."""
         return dict(self._asdict())
 
 

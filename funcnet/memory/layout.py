@@ -80,6 +80,9 @@ class Shape(NamedTuple):
 
 
 class Layout(NamedTuple):
+    """A parallel layout: data-parallel replicas, FSDP shards and tensor-parallel ways (``sp``: sequence
+    parallelism)."""
+
     dp: int = 1
     fsdp: int = 1
     tp: int = 1
@@ -95,6 +98,7 @@ class Layout(NamedTuple):
 
     @property
     def devices(self) -> int:
+        """The devices the layout uses: dp x fsdp x tp x pp."""
         return self.dp * self.fsdp * self.tp * self.pp
 
     def __str__(self) -> str:
@@ -122,6 +126,7 @@ class Plan(NamedTuple):
     layout: Layout
 
     def as_dict(self) -> dict:
+        """The fields as a plain dict, the layout as its text."""
         return {k: v for k, v in self._asdict().items() if k != "layout"} | {"layout": str(self.layout)}
 
 

@@ -31,6 +31,7 @@ class Measured(NamedTuple):
     total: int
 
     def as_dict(self) -> dict[str, int]:
+        """The fields as a plain dict of bytes."""
         return dict(self._asdict())
 
 

@@ -3,6 +3,13 @@
 One file per layer family; the contract (``Module``, state, ``call``) is in
 ``funcnet.nn.module``, composites and containers in ``funcnet.nn.containers``.
 See docs/design.md.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> model = nn.MLP([4, 8, 3])
+    >>> model.apply(model.init(jax.random.key(0)), jnp.ones((2, 4))).shape
+    (2, 3)
 """
 
 from funcnet.nn import activation, attention, containers, conv, dropout, embedding, linear, module, norm, pooling

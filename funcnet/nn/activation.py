@@ -4,6 +4,13 @@ Each layer takes torch's constructor arguments with torch's defaults and applies
 implementation in ``funcnet.nn.functional`` (gradients at kinks are torch's, see there).
 ``inplace=`` is accepted and only changes the name (JAX arrays are immutable; torch's in-place and
 out-of-place forms compute the same values and gradients).
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> act = nn.ReLU()
+    >>> act.apply(act.init(None), jnp.array([-1.0, 2.0])).tolist()
+    [0.0, 2.0]
 """
 
 from __future__ import annotations

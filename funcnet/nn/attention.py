@@ -1,5 +1,15 @@
 """Multi-head attention, as torch.nn.MultiheadAttention (its ``forward`` and
-``F.multi_head_attention_forward``), with torch's parameter names and layout."""
+``F.multi_head_attention_forward``), with torch's parameter names and layout.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    >>> x = jnp.ones((1, 5, 8))
+    >>> out, weights = mha.apply(mha.init(jax.random.key(0)), x, x, x)
+    >>> out.shape, weights.shape  # weights averaged over the heads, as torch's
+    ((1, 5, 8), (1, 5, 5))
+"""
 
 from __future__ import annotations
 

@@ -18,6 +18,14 @@ Inside ``forward``, ``self.conv1(x)`` applies the child ``conv1`` to its own par
 ``self.training`` is that flag. Children are named as torch attributes, so the params and
 the state_dict keys (``conv1.weight``, ``bn1.running_mean``) are torch's. The new state of
 every child comes back from ``apply``; nothing is mutated.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    >>> params = model.init(jax.random.key(0))
+    >>> sorted(params), model.apply(params, jnp.ones((3, 4))).shape  # torch's keys: the ReLU holds none
+    (['0', '2'], (3, 2))
 """
 
 from __future__ import annotations

@@ -9,6 +9,13 @@ pads first, as torch's ``_conv_forward``. Default init is torch's ``reset_parame
 ``kaiming_uniform(a=sqrt(5))`` = U(-1/sqrt(fan_in), 1/sqrt(fan_in)), bias the same bound,
 with ``fan_in = weight.shape[1] * prod(kernel)`` (torch computes it from the weight as
 laid out, so a transposed convolution's fan_in counts ``out/groups``).
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> conv = nn.Conv2d(3, 8, kernel_size=3, padding=1)
+    >>> conv.apply(conv.init(jax.random.key(0)), jnp.ones((2, 3, 16, 16))).shape
+    (2, 8, 16, 16)
 """
 
 from __future__ import annotations

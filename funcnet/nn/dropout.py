@@ -2,6 +2,16 @@
 a PRNG key in train mode. The math is ``funcnet.nn.functional``'s dropout / stochastic_depth.
 
 ``inplace=`` is accepted and only changes the name (JAX arrays are immutable).
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> drop = nn.Dropout(0.5)
+    >>> x = jnp.ones(1000)
+    >>> bool((drop.apply({}, x) == x).all())  # evaluation: the identity
+    True
+    >>> sorted(set(drop.apply({}, x, key=jax.random.key(0), train=True).tolist()))  # zeroed or scaled by 1/(1-p)
+    [0.0, 2.0]
 """
 
 from __future__ import annotations

@@ -1,4 +1,12 @@
-"""Embedding, as torch.nn's: a lookup table of rows indexed by integers."""
+"""Embedding, as torch.nn's: a lookup table of rows indexed by integers.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> emb = nn.Embedding(10, 4)
+    >>> emb.apply(emb.init(jax.random.key(0)), jnp.array([[1, 2, 3]])).shape
+    (1, 3, 4)
+"""
 
 from __future__ import annotations
 

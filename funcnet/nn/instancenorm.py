@@ -8,6 +8,14 @@ mode normalizes with the instance statistics and advances the running ones (the 
 the per-instance statistics, see the functional form); eval mode normalizes with the running
 ones. torch never advances InstanceNorm's ``num_batches_tracked``, and ``momentum=None`` is
 momentum 0 there (the running statistics stay put): both kept.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> norm = nn.InstanceNorm2d(3)
+    >>> y = norm.apply(norm.init(None), jax.random.normal(jax.random.key(0), (2, 3, 8, 8)))
+    >>> y.shape, bool(jnp.abs(y.mean(axis=(2, 3))).max() < 1e-5)  # each sample's channel: mean 0
+    ((2, 3, 8, 8), True)
 """
 
 from __future__ import annotations
@@ -98,16 +106,20 @@ _DOC = """Instance normalization of {layout}, as torch.nn.{cls}: each channel of
 
 def InstanceNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm1d: each sample's channel normalised over its length; ``(N, C, L)`` or ``(C, L)``."""
     return _instance_norm(1, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm2d: each sample's channel normalised over H x W; ``(N, C, H, W)`` or ``(C, H, W)``."""
     return _instance_norm(2, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 
 def InstanceNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
                    track_running_stats: bool = False, *, bias: bool = True, dtype=None) -> Module:
+    """torch.nn.InstanceNorm3d: each sample's channel normalised over D x H x W; ``(N, C, D, H, W)`` or ``(C, D, H,
+    W)``."""
     return _instance_norm(3, num_features, eps, momentum, affine, track_running_stats, bias, dtype)
 
 

@@ -1,4 +1,13 @@
-"""Linear and the reshaping layers (Flatten, Unflatten), as torch.nn's."""
+"""Linear and the reshaping layers (Flatten, Unflatten), as torch.nn's.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> layer = nn.Linear(4, 2)
+    >>> params = layer.init(jax.random.key(0))
+    >>> {k: v.shape for k, v in params.items()}, layer.apply(params, jnp.ones((3, 4))).shape
+    ({'weight': (2, 4), 'bias': (2,)}, (3, 2))
+"""
 
 from __future__ import annotations
 

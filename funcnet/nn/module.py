@@ -22,6 +22,14 @@ A ``Module`` is a NamedTuple:
 
 ``call(model, params, state, *inputs, ...) -> (y, state)`` is the one form that works for
 every module, with or without state; the training loop and composites use it.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> model = nn.Linear(3, 1)
+    >>> params = model.init(jax.random.key(0))  # a plain pytree, held by the caller
+    >>> jax.grad(lambda p: model.apply(p, jnp.ones((2, 3))).sum())(params)["bias"].tolist()
+    [2.0]
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ layer_norm and group_norm in float32, and its batch_norm kernels accumulate half
 float32. Running statistics keep their own dtype. Params and running statistics are built in
 ``dtype``, by default JAX's default float (float64 under x64). The math is
 ``funcnet.nn.functional``'s layer_norm / group_norm / batch_norm.
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> bn = nn.BatchNorm1d(4)
+    >>> params, state = bn.init(jax.random.key(0)), bn.init_state()
+    >>> y, state = bn.apply(params, jnp.arange(8.0).reshape(2, 4), state=state, train=True)
+    >>> [round(v, 3) for v in state["running_mean"].tolist()]  # 0.1 x the batch mean, torch's momentum
+    [0.2, 0.3, 0.4, 0.5]
 """
 
 from __future__ import annotations
@@ -248,6 +257,8 @@ _BATCH_NORM_DOC = """Batch normalization over {layout}, as torch.nn.{kind}.
 def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm1d over ``(N, C)`` or ``(N, C, L)``: batch statistics in training, running ones in
+    evaluation."""
     return _batch_norm("BatchNorm1d", (2, 3), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
@@ -255,6 +266,7 @@ def BatchNorm1d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
 def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm2d over ``(N, C, H, W)``: batch statistics in training, running ones in evaluation."""
     return _batch_norm("BatchNorm2d", (4,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 
@@ -262,6 +274,7 @@ def BatchNorm2d(num_features: int, eps: float = 1e-5, momentum: float | None = 0
 def BatchNorm3d(num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                 track_running_stats: bool = True, *, bias: bool = True, axis_name: str | None = None,
                 dtype=None) -> Module:
+    """torch.nn.BatchNorm3d over ``(N, C, D, H, W)``: batch statistics in training, running ones in evaluation."""
     return _batch_norm("BatchNorm3d", (5,), num_features, eps, momentum, affine, track_running_stats, bias,
                        axis_name, dtype, sync_fallback=False)
 

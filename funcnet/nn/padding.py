@@ -4,6 +4,12 @@ ReplicationPad1d/2d/3d, CircularPad1d/2d/3d. No params, no state; the math is
 
 ``padding``: an int (every side) or a tuple of ``2n`` ints, ``(left, right)``,
 ``(left, right, top, bottom)`` or ``(left, right, top, bottom, front, back)``, torch's order.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> nn.ReflectionPad1d(2).apply({}, jnp.arange(4.0).reshape(1, 1, 4)).tolist()
+    [[[2.0, 1.0, 0.0, 1.0, 2.0, 3.0, 2.0, 1.0]]]
 """
 
 from __future__ import annotations

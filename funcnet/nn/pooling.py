@@ -3,6 +3,12 @@
 The layers check their arguments at build time and apply ``funcnet.nn.functional``'s
 max_pool/avg_pool/adaptive_avg_pool (the math, output sizes, divisors and the max-pool
 gradient rule are described there).
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> nn.MaxPool2d(2).apply({}, jnp.arange(16.0).reshape(1, 1, 4, 4)).tolist()
+    [[[[5.0, 7.0], [13.0, 15.0]]]]
 """
 
 from __future__ import annotations

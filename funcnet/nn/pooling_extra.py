@@ -1,6 +1,12 @@
 """More pooling layers, as torch.nn's: MaxPool3d, AvgPool3d, AdaptiveAvgPool3d,
 AdaptiveMaxPool1d/2d/3d, MaxUnpool1d/2d/3d, and the ``return_indices=True`` form of
 MaxPool3d. No params, no state; the math is ``funcnet.nn.functional.pooling_extra``.
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> nn.AdaptiveMaxPool1d(2).apply({}, jnp.array([[[1.0, 5.0, 2.0, 0.0, 3.0, 4.0]]])).tolist()
+    [[[5.0, 4.0]]]
 """
 
 from __future__ import annotations

@@ -14,6 +14,14 @@ input)``, ``weight_hh_l{k}`` ``(gates*hidden, hidden or proj_size)``, ``bias_ih_
 ``bias_hh_l{k}``, ``weight_hr_l{k}`` ``(proj_size, hidden)``; LSTM gates i, f, g, o; GRU gates
 r, z, n with ``b_hn`` inside the reset product: ``n = tanh(W_in x + b_in + r * (W_hn h + b_hn))``.
 Every parameter starts U(-1/sqrt(hidden), 1/sqrt(hidden)).
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> lstm = nn.LSTM(4, 8, batch_first=True)
+    >>> out, (h, c) = lstm.apply(lstm.init(jax.random.key(0)), jnp.ones((2, 5, 4)))
+    >>> out.shape, h.shape, c.shape
+    ((2, 5, 8), (1, 2, 8), (1, 2, 8))
 """
 
 from __future__ import annotations

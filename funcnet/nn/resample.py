@@ -1,6 +1,13 @@
 """Resampling layers, as torch.nn's: Upsample, UpsamplingNearest2d, UpsamplingBilinear2d,
 PixelShuffle, PixelUnshuffle. No params, no state; the math is ``funcnet.nn.functional``'s
-``interpolate``, ``pixel_shuffle`` and ``pixel_unshuffle`` (torch's index math, see there)."""
+``interpolate``, ``pixel_shuffle`` and ``pixel_unshuffle`` (torch's index math, see there).
+
+Examples:
+    >>> import jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> nn.PixelShuffle(2).apply({}, jnp.ones((1, 8, 3, 3))).shape
+    (1, 2, 6, 6)
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,14 @@
 """Transformer encoder blocks, as torch.nn.TransformerEncoderLayer / TransformerEncoder,
 written as composites whose ``forward`` reads like torch's (children named as torch's
-attributes, so state_dict keys are torch's)."""
+attributes, so state_dict keys are torch's).
+
+Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from funcnet import nn
+    >>> layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    >>> layer.apply(layer.init(jax.random.key(0)), jnp.ones((2, 5, 8))).shape
+    (2, 5, 8)
+"""
 
 from __future__ import annotations
 

@@ -93,7 +93,8 @@ def hardswish(input, inplace: bool = False):
 
 
 def gelu(input, approximate: str = "none"):
-    """x * Phi(x): exact (erf) by default, ``approximate="tanh"`` for GPT-2's form.
+    """x * Phi(x), exact (erf) by default, ``approximate="tanh"`` for GPT-2's form.
+
     (``jax.nn.gelu`` defaults to the tanh form; this defaults to torch's.)"""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")
@@ -221,7 +222,7 @@ def sigmoid(input):
 
 
 def tanh(input):
-    """tanh(x)."""
+    """The hyperbolic tangent, elementwise, as torch.tanh."""
     return jnp.tanh(jnp.asarray(input))
 
 

@@ -14,6 +14,8 @@ __all__ = ["output_padding_for"]
 
 def output_padding_for(in_sizes, output_size, stride, padding, dilation, kernel, unbatched: bool,
                        where: str) -> tuple[int, ...]:
+    """The output padding per spatial axis that makes the transposed convolution of ``in_sizes`` give
+    ``output_size``; a ValueError naming ``where`` and the reachable sizes otherwise."""
     n = len(in_sizes)
     lead = 1 if unbatched else 2
     try:
