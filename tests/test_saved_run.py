@@ -27,7 +27,7 @@ from comparisons._core import TOL, Options
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = ROOT / "docs" / "data" / "comparisons.json"
-RERUN = "python -m comparisons --json docs/data/comparisons.json"
+RERUN = "python -m docs_hooks.save_run NAME ..., or with no names to run them all"
 CHEAP = ["autograd", "autograd_from_scratch"]  # 1.3 and 1.7 CPU-seconds once imported (tensors: 2.4)
 GENERATED = {("convert", "jax")}  # interop.to_source's output, written at run time
 
@@ -98,3 +98,14 @@ def test_a_fresh_run_gives_the_saved_checks(name, saved):
                  if (why := same_up_to(was[side]["output"], now[side]["output"], rtol, atol))]
     problems += [f"{side} source differs" for side in ("torch", "jax") if was[side]["source"] != now[side]["source"]]
     assert not problems, f"{name}: the saved run is out of date ({RERUN}):\n" + "\n".join(problems)
+
+
+def test_saving_some_comparisons_again_replaces_only_those_in_the_registrys_order():
+    from docs_hooks.save_run import merge
+
+    saved = {"dtype": "float32", "results": [{"name": "a", "v": 1}, {"name": "b", "v": 1}, {"name": "c", "v": 1}]}
+    fresh = {"dtype": "float32", "results": [{"name": "b", "v": 2}]}
+    assert merge(saved, fresh, ["a", "b", "c"])["results"] == [{"name": "a", "v": 1}, {"name": "b", "v": 2},
+                                                              {"name": "c", "v": 1}]
+    with pytest.raises(ValueError, match="float64"):
+        merge(saved, {"dtype": "float64", "results": []}, ["a", "b", "c"])
