@@ -4,7 +4,7 @@ The articles' 7B model needs 112 GB for params, grads and Adam state: more than 
 holds. FSDP splits all three over N devices, so each holds about 1/N, and gathers each
 layer's parameters only while it runs. torch: ``fully_shard`` on every ``Block`` and on the
 model, 2 processes on 127.0.0.1 with gloo, each with half of every batch. JAX:
-``funcnet.fsdp.make_fsdp_step``: the same train step, the state placed sharded
+``funcnet.parallel.fsdp.make_fsdp_step``: the same train step, the state placed sharded
 (``NamedSharding``) and the step jit-ed with those shardings; XLA inserts the all-gathers
 and the gradient reduction (counted in the compiled HLO). The same GPT from the same
 weights takes the same Adam steps on one device, on 2, 4 and 8 (ZeRO-3) and in torch.
@@ -103,7 +103,8 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
     import optax
 
     import funcnet
-    from funcnet import fsdp, gpt, memory, train
+    from funcnet import gpt, memory, train
+    from funcnet.parallel import fsdp
 
     model, tx = gpt.GPT(gpt.GPTConfig(**CONFIG)), optax.adam(LR)
     abstract = jax.eval_shape(lambda: train.create_train_state(model, tx, jax.random.key(0), params=params))

@@ -7,7 +7,7 @@ block and the root then get ``fully_shard`` over the dp sub-mesh (torch's 2-D re
 dp rank taking its slice of the batch. TP 2, TP 4 and FSDP 2 x TP 2 run one after another in
 the same 4 processes (TP 2 as two replicas of 2). The attention's forward is told its local
 head count, as torch's TP tutorial does. JAX:
-``funcnet.tensor_parallel.make_tp_step``: the same ``funcnet.make_step``, the params placed
+``funcnet.parallel.tensor.make_tp_step``: the same ``funcnet.make_step``, the params placed
 by Megatron's rules on a ``(data, fsdp, model)`` mesh and jit-ed; XLA inserts the
 all-reduces Megatron writes by hand. Both pack ``c_attn``'s outputs per device
 (``tensor_parallel.pack_qkv``) so each device's slice holds whole heads.
@@ -136,7 +136,7 @@ def jax_tp(params, xs, ys, meshes=MESHES):
     import funcnet
     from funcnet import gpt
     from funcnet import step as fstep
-    from funcnet import tensor_parallel as tp
+    from funcnet.parallel import tensor as tp
     from funcnet.memory import layout
 
     cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
@@ -231,7 +231,7 @@ def _child_main(workdir: str) -> None:
 
 
 def _packed(sd: dict, groups: int, n_head: int, unpack: bool = False) -> dict:
-    from funcnet.tensor_parallel import regroup_qkv
+    from funcnet.parallel.tensor import regroup_qkv
 
     frm, to = (groups, 1) if unpack else (1, groups)
     return {k: (regroup_qkv(v, frm, to, n_head) if ".attn.c_attn." in k else v) for k, v in sd.items()}

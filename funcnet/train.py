@@ -25,9 +25,9 @@ from funcnet import data as _data
 from funcnet import guards as _guards
 from funcnet import losses as _losses
 from funcnet import precision as _precision
-from funcnet import strategy as _strategy
 from funcnet.epoch import evaluate, run_epoch
 from funcnet.nn.module import Module
+from funcnet.parallel import strategy as _strategy
 from funcnet.step import (
     Position,
     TrainState,

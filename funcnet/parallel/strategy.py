@@ -14,10 +14,10 @@ the run on one up to float summation order.
   ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
 - ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
   state (for 2 also the gradients the optimizer receives) sharded over the devices.
-- ``"tp"``: ``tensor_parallel.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
+- ``"tp"``: ``parallel.tensor.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
-  ``GPTConfig(qkv_groups=t)`` (tensor_parallel.check_config says why).
+  ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from funcnet import fsdp as _fsdp
-from funcnet import parallel as _parallel
 from funcnet.epoch import _local_steps, _run_epoch_in_parts, run_epoch
+from funcnet.parallel import data as _parallel
+from funcnet.parallel import fsdp as _fsdp
+from funcnet.parallel import tensor as _tp
+from funcnet.parallel import zero as _zero
 from funcnet.step import TrainState, make_step
 
 __all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
@@ -77,7 +79,7 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
     if isinstance(strategy, str):
         strategy = Strategy(_ALIASES.get(strategy, strategy))
     if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} or a funcnet.strategy.Strategy, got "
+        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} or a funcnet.parallel.strategy.Strategy, got "
                         f"{type(strategy).__name__} {strategy!r:.60}")
     kind = _ALIASES.get(strategy.kind, strategy.kind)
     if kind not in STRATEGIES:
@@ -131,7 +133,7 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
     kind = strategy.kind
     if jax.process_count() > 1:
         raise ValueError(f"strategy={kind!r} in fit runs in one process; over several processes use "
-                         f"fsdp.make_fsdp_step / tensor_parallel.make_tp_step with jax.make_array_from_process_local_data")
+                         f"fsdp.make_fsdp_step / parallel.tensor.make_tp_step with jax.make_array_from_process_local_data")
     if strategy.buffers != "broadcast":
         raise ValueError(f"buffers={strategy.buffers!r} is for data-parallel replicas; {kind} keeps one state "
                          f"sharded over the mesh: leave buffers out")
@@ -140,14 +142,10 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
         mesh = _fsdp.mesh(devices)
         step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=shapes, **step_options)
     elif kind in ("zero1", "zero2"):
-        from funcnet import zero as _zero
-
         step = _zero.make_zero_step(model, tx, loss_fn, _fsdp.mesh(devices), stage=int(kind[-1]), state=shapes,
                                     **step_options)
         mesh = step.mesh
     else:
-        from funcnet import tensor_parallel as _tp
-
         n = devices or len(jax.devices())
         t = strategy.tensor_parallel or n
         if n % t:

@@ -210,7 +210,7 @@ def make_value_and_grad(config, mesh: Mesh, microbatches: int, kind: str = "1f1b
     the pipeline. ``f.schedule`` is the table it runs."""
     if tuple(mesh.axis_names) != ("pipe",):
         raise ValueError(f"pipeline: the mesh must have the one axis 'pipe', got {tuple(mesh.axis_names)}; build it "
-                         f"with funcnet.pipeline.mesh(stages)")
+                         f"with funcnet.parallel.pipeline.mesh(stages)")
     stages = int(mesh.shape["pipe"])
     check_config(config, stages, microbatches)
     plan = schedule(kind, stages, microbatches)
