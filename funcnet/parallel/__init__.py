@@ -8,12 +8,14 @@
 - ``tensor``: Megatron's tensor parallelism for the GPT (torch ``parallelize_module`` with
   ``ColwiseParallel`` / ``RowwiseParallel``).
 - ``pipeline``: GPipe and 1F1B over a ``pipe`` axis (torch ``torch.distributed.pipelining``).
-- ``strategy``: ``fit(strategy=...)``: one ``Runner`` per strategy and the mesh that combines
-  the axes (Lightning's ``Trainer(strategy=..., devices=...)``).
+- ``mesh``: one ``(data, fsdp, model, pipe)`` mesh combining them, and the pipelined GPT step on
+  it (torch ``init_device_mesh`` with a dimension per strategy, as torchtitan composes them).
+- ``strategy``: ``fit(strategy=...)``: one ``Runner`` per strategy (Lightning's
+  ``Trainer(strategy=..., devices=...)``).
 """
 
-from funcnet.parallel import data, fsdp, pipeline, strategy, tensor, zero
+from funcnet.parallel import data, fsdp, mesh, pipeline, strategy, tensor, zero
 from funcnet.parallel.data import *  # noqa: F403
 from funcnet.parallel.data import __all__ as _data_all
 
-__all__ = [*_data_all, "data", "fsdp", "zero", "tensor", "pipeline", "strategy"]  # noqa: PLE0604
+__all__ = [*_data_all, "data", "fsdp", "zero", "tensor", "pipeline", "mesh", "strategy"]  # noqa: PLE0604

@@ -1,4 +1,4 @@
-"""How ``fit`` runs its steps: on one device, or data-parallel on several.
+"""How ``fit`` runs its steps: on one device, or data-, zero-, fsdp-, tensor- or pipeline-parallel on several.
 
 torch counterpart: Lightning's ``Trainer(strategy=..., devices=...)``. ``fit(strategy=...)``
 takes a name or a ``Strategy``; ``runner`` turns it into one ``Runner`` whose ``epoch``
@@ -18,6 +18,10 @@ the run on one up to float summation order.
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
   ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
+- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the GPT's blocks in ``pipeline`` stages
+  (GPipe or 1F1B over ``microbatches``) on one ``(data, fsdp, model, pipe)`` mesh:
+  ``Strategy("pipe", pipeline=2, tensor_parallel=2, config=cfg)`` on 8 devices is data 2 x
+  model 2 x pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ from jax.sharding import PartitionSpec as P
 from funcnet.epoch import _local_steps, _run_epoch_in_parts, run_epoch
 from funcnet.parallel import data as _parallel
 from funcnet.parallel import fsdp as _fsdp
+from funcnet.parallel import mesh as _mesh
 from funcnet.parallel import tensor as _tp
 from funcnet.parallel import zero as _zero
 from funcnet.step import TrainState, make_step
 
 __all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
 
-STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp")
+STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp", "pipe")
+AXES = ("data", "fsdp", "model", "pipe")  # the one mesh every sharded strategy is a slice of
 _ALIASES = {"ddp": "shard_map"}  # Lightning's name for torch DDP
 
 
@@ -47,12 +53,19 @@ class Strategy(NamedTuple):
     """A strategy with its options: ``kind`` (one of ``STRATEGIES``), ``buffers`` (what
     data parallelism does with the model's state: ``"broadcast"``, DDP's default, or
     ``"local"``), ``zero`` (fsdp's level: 3 or 1), ``tensor_parallel`` (tp's model axis; 0:
-    every device)."""
+    every device), and for ``"pipe"``: ``pipeline`` (stages on the ``pipe`` axis), ``fsdp``
+    (devices on the ``fsdp`` axis), ``microbatches`` (0: one per stage), ``schedule``
+    (``"1f1b"`` or ``"gpipe"``) and ``config`` (the ``GPTConfig`` of the model)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
     zero: int = 3
     tensor_parallel: int = 0
+    pipeline: int = 0
+    fsdp: int = 1
+    microbatches: int = 0
+    schedule: str = "1f1b"
+    config: Any = None
 
 
 class Runner(NamedTuple):
@@ -109,7 +122,9 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    if strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
+    if strategy.kind == "pipe":
+        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    elif strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
         dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
     else:
         dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
