@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import (Options, Result, Side, close, equal, expect, progress, side_by_side, source,
-                               torch_processes)
+from comparisons._core import (Options, Result, Side, close, equal, expect, jax_in_child, progress, side_by_side,
+                               source, torch_processes)
 
 __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 
@@ -154,13 +152,8 @@ def _jax_in_child(workdir: Path) -> dict:
     # LLVM's optimisation of the CPU kernels off (as memory.compile_to_read compiles): the same HLO, buffers and
     # collectives, which the checks read, in about half the compile time; the 4 steps run slower, and simulated
     # devices time nothing anyway
-    flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(DEVICES)}"
-             " --xla_backend_optimization_level=0")
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.fsdp", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.fsdp", workdir, devices=max(DEVICES), xla_flags="--xla_backend_optimization_level=0",
+                 timeout=HANG_SECONDS)
     return _load(workdir / "jax.json")
 
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, side_by_side, source, torch_processes
+from comparisons._core import (Options, Result, Side, close, equal, expect, jax_in_child, side_by_side, source,
+                               torch_processes)
 from comparisons.fsdp import _flat
 
 __all__ = ["CONFIG", "MESHES", "TITLE", "run"]
@@ -191,12 +190,8 @@ def model_config(cfg, m):
 def _jax_in_child(workdir: Path) -> dict:
     # LLVM's optimisation of the CPU kernels off: the same HLO, buffers and collectives (the checks read those) in
     # about 2/3 of the compile time; the steps run slower, and simulated devices time nothing anyway
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.tensor_parallel", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=1200, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.tensor_parallel", workdir, devices=4, xla_flags="--xla_backend_optimization_level=0",
+                 timeout=1200)
     return _load(workdir / "jax.json")
 
 
