@@ -71,7 +71,8 @@ def zero_rows(cfg, batch: int, n: int, steps: int) -> list[dict]:
     import numpy as np
     import optax
 
-    from funcnet import gpt, step as fstep
+    from funcnet import gpt
+    from funcnet import step as fstep
     from funcnet.parallel import fsdp, zero
 
     model, tx = gpt.GPT(cfg), optax.adam(1e-3)

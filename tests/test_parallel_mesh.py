@@ -71,5 +71,42 @@ def test_pipe_strategy_refusals_name_the_fix():
         _fit(strategy=Strategy("pipe", pipeline=2, tensor_parallel=2, fsdp=3, config=CFG), devices=8)
     with pytest.raises(ValueError, match="leave loss_fn out"):
         _fit(strategy=Strategy("pipe", pipeline=2, config=CFG), devices=8, loss_fn=lambda o, y: 0.0)
+    with pytest.raises(ValueError, match="strategy 'tp' takes no pipeline, config"):
+        _fit(strategy=Strategy("tp", pipeline=2, config=CFG), devices=8)
     with pytest.raises(ValueError, match="devices, but 8 exist"):
         pm.mesh(data=2, model=2, pipe=4)
+
+
+_FOUR_AXES = """
+import jax, numpy as np, optax
+from funcnet import gpt, train
+from funcnet.parallel.strategy import Strategy
+cfg = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=32, dropout=0.0, qkv_groups=2)
+rng = np.random.default_rng(3)
+xy = tuple(rng.integers(0, 32, size=(32, 8)).astype(np.int32) for _ in range(2))
+def fit(**kw):
+    return train.fit(gpt.GPT(cfg), optax.adam(1e-3), xy, epochs=1, batch_size=16, key=jax.random.key(0),
+                     progress=False, **kw)[0]
+one = fit()
+four = fit(strategy=Strategy("pipe", pipeline=2, tensor_parallel=2, fsdp=2, config=cfg), devices=16)
+assert int(four.step) == 2
+jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5),
+             four.params, one.params)
+print("equal")
+"""
+
+
+@pytest.mark.slow
+def test_fit_on_all_four_axes_equals_one_device():
+    # data 2 x fsdp 2 x model 2 x pipe 2: 16 devices, more than this process simulates, so in a child
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=16", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(root))
+    done = subprocess.run([sys.executable, "-c", _FOUR_AXES], env=env, capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "equal", done.stderr[-3000:]

@@ -98,6 +98,11 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
     if kind not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy.kind!r}; expected one of {', '.join(STRATEGIES)} "
                          f"(or 'ddp', an alias of 'shard_map')")
+    extra = {k: v for k, v in (("pipeline", strategy.pipeline), ("fsdp", strategy.fsdp), ("microbatches",
+             strategy.microbatches), ("config", strategy.config)) if v != Strategy._field_defaults[k]}
+    if kind != "pipe" and extra:
+        raise ValueError(f"strategy {kind!r} takes no {', '.join(extra)}: those are Strategy('pipe', ...)'s (the "
+                         f"pipeline's stages, its fsdp axis, microbatches and GPTConfig)")
     if kind == "single" and devices not in (None, 1):
         raise ValueError(f"strategy='single' runs on one device, but devices={devices}; pass strategy='shard_map' "
                          f"(or 'pmap', 'sharding', 'fsdp') to train on {devices} devices")
