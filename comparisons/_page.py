@@ -59,15 +59,6 @@ CONCEPTS: list[tuple[str, str, tuple[str, ...]]] = [
      ("fsdp", "activation_checkpointing")),
     ("your own model: an nn.Module with its own forward, its optimizer and LR scheduler",
      "`interop.convert` (traced), `interop.to_source`, `interop.convert_optimizer`", ("convert",)),
-    ("recurrent models: an LSTM language model, truncated BPTT (`hidden.detach()`)",
-     "`nn.LSTM` as a `lax.scan`, the carried state passed through `lax.stop_gradient`", ("recurrent",)),
-    ("ZeRO-1/2: the optimizer state, then the gradients, split over the data ranks",
-     '`fit(strategy="zero1")` or `"zero2"`, `parallel.zero` (vs `ZeroRedundancyOptimizer`, FSDP2)', ("zero",)),
-    ("tensor parallelism: Megatron's column- and row-parallel layers",
-     "sharding rules on a `(data, fsdp, model)` mesh, `parallel.tensor` (vs `parallelize_module`)",
-     ("tensor_parallel",)),
-    ("pipeline parallelism: GPipe, 1F1B, the bubble",
-     "the schedule as a table run by `shard_map` + `ppermute`, `parallel.pipeline`", ("pipeline_parallel",)),
 ]
 
 _CSS = """

@@ -180,11 +180,3 @@ def test_the_readme_screenshot_command_writes_a_picture_of_the_page(tmp_path):
         assert image.size[0] == 1440 and image.size[1] > 1000 and image.mode == "P"
     assert "python -m comparisons._screenshot page/index.html docs/img/comparisons_page.png" in \
         (Path(__file__).resolve().parents[1] / "README.md").read_text()
-
-
-def test_the_concept_map_names_every_comparison():
-    from comparisons.__main__ import available
-
-    named = {n for _, _, names in CONCEPTS for n in names}
-    assert set(available()) - named == set(), "comparisons without a concept-map row in comparisons/_page.py"
-    assert named - set(available()) == set(), "concept-map rows naming no comparison"
