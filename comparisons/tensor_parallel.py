@@ -10,7 +10,7 @@ head count, as torch's TP tutorial does. JAX:
 ``funcnet.parallel.tensor.make_tp_step``: the same ``funcnet.make_step``, the params placed
 by Megatron's rules on a ``(data, fsdp, model)`` mesh and jit-ed; XLA inserts the
 all-reduces Megatron writes by hand. Both pack ``c_attn``'s outputs per device
-(``tensor_parallel.pack_qkv``) so each device's slice holds whole heads.
+(``parallel.tensor.pack_qkv``) so each device's slice holds whole heads.
 
 The same GPT from the same weights takes the same Adam steps on one device, with TP on 2
 and 4 devices, on a 2 x 2 FSDP x TP mesh, and in torch on each of those meshes. The
