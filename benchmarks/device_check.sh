@@ -5,11 +5,18 @@
 #      bf16 peak; the memory planner against the device's measured peak (benchmarks/device_step.py);
 #   3. part of the convolution sweep (benchmarks/conv.py): funcnet's conv2d against raw lax.conv_general_dilated
 #      (the lax/ours ratio must stay near 1: the shape rule picks XLA's convolution on accelerators) and torch
-#      on the CPU.
+#      on the CPU;
+#   4. the pipeline (GPipe, 1F1B) and ZeRO 0-3 train steps on every device: the bubble and the bytes per
+#      device of each, the ZeRO stages' losses equal (benchmarks/parallel_step.py).
 # Where JAX sees no GPU or TPU it says so in one line and exits 0 without running anything.
 # Usage: bash benchmarks/device_check.sh            (from anywhere; it cd's to the repository)
+#        bash benchmarks/device_check.sh --cpu      step 4 alone, a tiny GPT on 4 simulated CPU devices
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--cpu" ]; then
+  JAX_PLATFORMS=cpu timeout 600 python benchmarks/parallel_step.py --cpu 4
+  exit $?
+fi
 backend=$(python -c "import jax; print(jax.default_backend())" 2>/dev/null || echo "none (jax did not start)")
 case "$backend" in
   gpu|cuda|rocm|tpu) ;;
@@ -20,5 +27,6 @@ status=0
 timeout 300 python -m comparisons data_parallel fsdp tensor_parallel || status=1
 timeout 150 python benchmarks/device_step.py || status=1
 timeout 120 python benchmarks/conv.py --part sweep --rounds 3 --rows 2 5 11 12 13 14 15 20 22 24 || status=1
+timeout 150 python benchmarks/parallel_step.py || status=1
 echo "device_check: $([ $status = 0 ] && echo passed || echo FAILED)"
 exit $status

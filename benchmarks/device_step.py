@@ -19,7 +19,7 @@ import optax
 
 from funcnet import gpt
 from funcnet import step as fstep
-from funcnet import tensor_parallel as tp
+from funcnet.parallel import tensor as tp
 from funcnet.memory import layout
 
 # dense bf16 peak FLOP/s per device, by jax's device_kind (vendor data sheets)

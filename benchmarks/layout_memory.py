@@ -4,7 +4,7 @@
 each ``(data, fsdp, model)`` mesh, the compiled step's per-device arguments and temps
 (``compiled.memory_analysis()``) against ``funcnet.memory.layout.plan``'s params + Adam
 state and its gradients + gradient reduction buffer + activations, and the collectives the
-compiled HLO holds (``tensor_parallel.collective_stats``). The largest all-reduce and
+compiled HLO holds (``parallel.tensor.collective_stats``). The largest all-reduce and
 all-gather per layout say what XLA moves: the gradients (one combined all-reduce over the
 data axis), the weights (FSDP's all-gather) or the batch's activations.
 
@@ -77,7 +77,7 @@ def measure(layouts=LAYOUTS, dump: Path | None = None) -> list[dict]:
 
     from funcnet import gpt
     from funcnet import step as fstep
-    from funcnet import tensor_parallel as tp
+    from funcnet.parallel import tensor as tp
     from funcnet.memory import layout
 
     base, tx = gpt.GPTConfig(**CONFIG), optax.adam(1e-3)

@@ -1,4 +1,4 @@
-"""The bubble and the activation memory of funcnet.pipeline's GPipe and 1F1B schedules, as a table.
+"""The bubble and the activation memory of funcnet.parallel.pipeline's GPipe and 1F1B schedules, as a table.
 
 For each (stages P, microbatches M, schedule): the bubble counted in the table the pipeline runs
 (idle slots / all slots) beside GPipe's closed form (P - 1) / (M + P - 1); how many microbatches'
@@ -29,7 +29,7 @@ def measure(cases, *, rows: int = 2, n_embd: int = 32, block_size: int = 16) -> 
     import jax.numpy as jnp
 
     from funcnet import gpt, memory
-    from funcnet import pipeline as pp
+    from funcnet.parallel import pipeline as pp
 
     out, base = [], {}
     for stages, micro in cases:

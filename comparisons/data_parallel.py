@@ -19,9 +19,7 @@ runs in a child process with 8 simulated CPU devices.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, source, torch_processes
+from comparisons._core import Options, Result, Side, close, equal, expect, jax_in_child, source, torch_processes
 
 # JAX and funcnet are imported inside the JAX functions: the DDP worker processes import
 # this module to find ddp_worker, and start faster with torch alone.
@@ -143,13 +141,7 @@ def _where_is_the_all_reduce(step, state, batch):
 
 
 def _jax_in_child(workdir: Path, dtype: str) -> dict:
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu",
-               JAX_ENABLE_X64="1" if dtype == "float64" else "0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.data_parallel", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.data_parallel", workdir, devices=8, x64=dtype == "float64", timeout=HANG_SECONDS)
     result = json.loads((workdir / "jax.json").read_text())
     for kind in FORMS:
         result[kind]["params"] = {k: np.asarray(v, dtype) for k, v in result[kind]["params"].items()}

@@ -4,7 +4,7 @@ The articles' 7B model needs 112 GB for params, grads and Adam state: more than 
 holds. FSDP splits all three over N devices, so each holds about 1/N, and gathers each
 layer's parameters only while it runs. torch: ``fully_shard`` on every ``Block`` and on the
 model, 2 processes on 127.0.0.1 with gloo, each with half of every batch. JAX:
-``funcnet.fsdp.make_fsdp_step``: the same train step, the state placed sharded
+``funcnet.parallel.fsdp.make_fsdp_step``: the same train step, the state placed sharded
 (``NamedSharding``) and the step jit-ed with those shardings; XLA inserts the all-gathers
 and the gradient reduction (counted in the compiled HLO). The same GPT from the same
 weights takes the same Adam steps on one device, on 2, 4 and 8 (ZeRO-3) and in torch.
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import (Options, Result, Side, close, equal, expect, progress, side_by_side, source,
-                               torch_processes)
+from comparisons._core import (Options, Result, Side, close, equal, expect, jax_in_child, progress, side_by_side,
+                               source, torch_processes)
 
 __all__ = ["TITLE", "run", "CONFIG", "DEVICES"]
 
@@ -103,7 +101,8 @@ def jax_fsdp(params, xs, ys, devices=DEVICES, zeros=(0, 1, 3)):
     import optax
 
     import funcnet
-    from funcnet import fsdp, gpt, memory, train
+    from funcnet import gpt, memory, train
+    from funcnet.parallel import fsdp
 
     model, tx = gpt.GPT(gpt.GPTConfig(**CONFIG)), optax.adam(LR)
     abstract = jax.eval_shape(lambda: train.create_train_state(model, tx, jax.random.key(0), params=params))
@@ -153,13 +152,8 @@ def _jax_in_child(workdir: Path) -> dict:
     # LLVM's optimisation of the CPU kernels off (as memory.compile_to_read compiles): the same HLO, buffers and
     # collectives, which the checks read, in about half the compile time; the 4 steps run slower, and simulated
     # devices time nothing anyway
-    flags = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={max(DEVICES)}"
-             " --xla_backend_optimization_level=0")
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.fsdp", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.fsdp", workdir, devices=max(DEVICES), xla_flags="--xla_backend_optimization_level=0",
+                 timeout=HANG_SECONDS)
     return _load(workdir / "jax.json")
 
 

@@ -5,7 +5,7 @@ the blocks; rank 1: the other half, the final LayerNorm and the head), wraps it 
 ``PipelineStage`` and runs ``ScheduleGPipe`` or ``Schedule1F1B`` over 4 microbatches; the
 tied embedding/head weight lives on both ranks, and its two gradients are summed with one
 ``all_reduce`` before Adam's step (pipelining leaves tied weights to the user). JAX:
-``funcnet.pipeline.make_value_and_grad`` under optax's Adam (``pipeline.make_step``'s step):
+``funcnet.parallel.pipeline.make_value_and_grad`` under optax's Adam (``pipeline.make_step``'s step):
 the blocks stacked and split over a ``pipe`` mesh axis, the schedule a table of F/B slots
 that one ``shard_map``-ed ``lax.scan`` runs tick by tick, ``ppermute`` passing activations
 on and gradients back.
@@ -140,7 +140,7 @@ def jax_pipeline(params, xs, ys, kinds=KINDS):
 
     import funcnet
     from funcnet import gpt, losses
-    from funcnet import pipeline as pp
+    from funcnet.parallel import pipeline as pp
 
     cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
     model = gpt.GPT(cfg)
@@ -266,8 +266,8 @@ def run(opts: Options = Options(), *, kinds: tuple = KINDS) -> Result:  # noqa: 
 
 
 def _table_from_orders(orders: list) -> np.ndarray:
-    """Each stage's logged order laid out tick by tick by the same rule as ``funcnet.pipeline.schedule``."""
-    from funcnet import pipeline as pp
+    """Each stage's logged order laid out tick by tick by the same rule as ``funcnet.parallel.pipeline.schedule``."""
+    from funcnet.parallel import pipeline as pp
 
     code = {"F": pp.FORWARD, "B": pp.BACKWARD}
     return pp.from_orders("torch", MICROBATCHES, [[(code[a], m) for a, m in o] for o in orders]).table
@@ -282,7 +282,7 @@ def _flat(d: dict, keys) -> np.ndarray:
 
 
 def _result(j, t, kinds, j_seconds, t_seconds) -> Result:
-    from funcnet import pipeline as pp
+    from funcnet.parallel import pipeline as pp
 
     one, P, M = j["runs"]["one device"], STAGES, MICROBATCHES
     keys = sorted(one["params"])

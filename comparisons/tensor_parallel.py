@@ -7,10 +7,10 @@ block and the root then get ``fully_shard`` over the dp sub-mesh (torch's 2-D re
 dp rank taking its slice of the batch. TP 2, TP 4 and FSDP 2 x TP 2 run one after another in
 the same 4 processes (TP 2 as two replicas of 2). The attention's forward is told its local
 head count, as torch's TP tutorial does. JAX:
-``funcnet.tensor_parallel.make_tp_step``: the same ``funcnet.make_step``, the params placed
+``funcnet.parallel.tensor.make_tp_step``: the same ``funcnet.make_step``, the params placed
 by Megatron's rules on a ``(data, fsdp, model)`` mesh and jit-ed; XLA inserts the
 all-reduces Megatron writes by hand. Both pack ``c_attn``'s outputs per device
-(``tensor_parallel.pack_qkv``) so each device's slice holds whole heads.
+(``parallel.tensor.pack_qkv``) so each device's slice holds whole heads.
 
 The same GPT from the same weights takes the same Adam steps on one device, with TP on 2
 and 4 devices, on a 2 x 2 FSDP x TP mesh, and in torch on each of those meshes. The
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comparisons._core import Options, Result, Side, close, equal, expect, side_by_side, source, torch_processes
+from comparisons._core import (Options, Result, Side, close, equal, expect, jax_in_child, side_by_side, source,
+                               torch_processes)
 from comparisons.fsdp import _flat
 
 __all__ = ["CONFIG", "MESHES", "TITLE", "run"]
@@ -136,7 +135,7 @@ def jax_tp(params, xs, ys, meshes=MESHES):
     import funcnet
     from funcnet import gpt
     from funcnet import step as fstep
-    from funcnet import tensor_parallel as tp
+    from funcnet.parallel import tensor as tp
     from funcnet.memory import layout
 
     cfg, tx = gpt.GPTConfig(**CONFIG), optax.adam(LR)
@@ -191,12 +190,8 @@ def model_config(cfg, m):
 def _jax_in_child(workdir: Path) -> dict:
     # LLVM's optimisation of the CPU kernels off: the same HLO, buffers and collectives (the checks read those) in
     # about 2/3 of the compile time; the steps run slower, and simulated devices time nothing anyway
-    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"
-    env = dict(os.environ, XLA_FLAGS=flags.strip(), JAX_PLATFORMS="cpu", JAX_ENABLE_X64="0")
-    done = subprocess.run([sys.executable, "-m", "comparisons.tensor_parallel", str(workdir)], env=env,
-                          capture_output=True, text=True, timeout=1200, check=False)
-    if done.returncode:
-        raise RuntimeError(f"the JAX part failed in its child process:\n{done.stderr[-3000:]}")
+    jax_in_child("comparisons.tensor_parallel", workdir, devices=4, xla_flags="--xla_backend_optimization_level=0",
+                 timeout=1200)
     return _load(workdir / "jax.json")
 
 
@@ -231,7 +226,7 @@ def _child_main(workdir: str) -> None:
 
 
 def _packed(sd: dict, groups: int, n_head: int, unpack: bool = False) -> dict:
-    from funcnet.tensor_parallel import regroup_qkv
+    from funcnet.parallel.tensor import regroup_qkv
 
     frm, to = (groups, 1) if unpack else (1, groups)
     return {k: (regroup_qkv(v, frm, to, n_head) if ".attn.c_attn." in k else v) for k, v in sd.items()}

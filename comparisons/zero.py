@@ -1,5 +1,5 @@
 """ZeRO stages 1 and 2: torch ``ZeroRedundancyOptimizer`` and FSDP2 ``reshard_after_forward=False``
-(2 gloo processes) against ``funcnet.zero`` on 2 devices.
+(2 gloo processes) against ``funcnet.parallel.zero`` on 2 devices.
 
 The ZeRO paper's first figure: data parallelism keeps the whole optimizer state, gradients and
 parameters on every device; stage 1 splits the optimizer state over the N devices, stage 2 the
@@ -40,7 +40,7 @@ from comparisons._core import (
 
 __all__ = ["TITLE", "run"]
 
-TITLE = "ZeRO-1/2: torch ZeroRedundancyOptimizer and FSDP2 (reshard_after_forward=False) vs funcnet.zero"
+TITLE = "ZeRO-1/2: torch ZeroRedundancyOptimizer and FSDP2 (reshard_after_forward=False) vs funcnet.parallel.zero"
 
 HANG_SECONDS = 1800  # a hang detector, not a speed bar (see data_parallel)
 WORLD = 2  # torch processes and JAX devices
@@ -112,7 +112,8 @@ def jax_zero(params, xs, ys):
     import optax
 
     import funcnet
-    from funcnet import fsdp, memory, nn, train, zero
+    from funcnet import memory, nn, train
+    from funcnet.parallel import fsdp, zero
 
     model = nn.Sequential(nn.Linear(*SIZES[:2]), nn.ReLU(), nn.Linear(*SIZES[1:]))
     tx, mesh = optax.adam(LR), fsdp.mesh(WORLD)

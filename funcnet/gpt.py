@@ -44,7 +44,7 @@ class GPTConfig(NamedTuple):
     LayerNorms), ``qkv_groups`` (how ``c_attn``'s 3C outputs are packed: g groups of
     ``[q, k, v]`` for ``n_head / g`` heads each; 1 is nanoGPT's ``[q | k | v]``, g = the
     tensor-parallel degree puts each device's heads in its contiguous slice, see
-    ``funcnet.tensor_parallel.pack_qkv``)."""
+    ``funcnet.parallel.tensor.pack_qkv``)."""
 
     block_size: int
     vocab_size: int

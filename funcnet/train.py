@@ -31,9 +31,9 @@ from funcnet import data as _data
 from funcnet import guards as _guards
 from funcnet import losses as _losses
 from funcnet import precision as _precision
-from funcnet import strategy as _strategy
 from funcnet.epoch import evaluate, run_epoch
 from funcnet.nn.module import Module
+from funcnet.parallel import strategy as _strategy
 from funcnet.step import (
     Position,
     TrainState,
@@ -183,8 +183,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
       ``precision.Precision(policy, loss_scale)``; with a loss scale each record also
       gives ``skipped_steps`` and the last ``loss_scale``.
     - ``strategy`` / ``devices``: one device (default), or ``"pmap"``, ``"shard_map"``
-      (``"ddp"``), ``"sharding"``, ``"fsdp"``, ``"zero1"``, ``"zero2"`` on ``devices`` devices (all when None), or a
-      ``strategy.Strategy`` with its options (``buffers``, ``zero``). The same batches and
+      (``"ddp"``), ``"sharding"``, ``"fsdp"``, ``"zero1"``, ``"zero2"``, ``"tp"`` on ``devices`` devices (all when
+      None), or a ``parallel.strategy.Strategy`` with its options (``buffers``, ``zero``; for ``"pipe"`` the
+      stages, tensor and fsdp degrees of one mesh, the rest data: ``parallel.strategy``). The same batches and
       keys whatever the strategy, so the same result as one device up to float summation
       order; callbacks and the returned state see one local copy.
     - ``callbacks``: ``callbacks.Callback``s (``on_epoch(state, record)`` after each epoch;

@@ -1,4 +1,4 @@
-"""comparisons.pipeline_parallel: torch.distributed.pipelining in 2 gloo processes against funcnet.pipeline,
+"""comparisons.pipeline_parallel: torch.distributed.pipelining in 2 gloo processes against funcnet.parallel.pipeline,
 both equal to one device; the schedule torch runs, laid out in ticks, is the table JAX runs. The perturbed
 run (one JAX weight moved) must fail the checks against torch: the verdict can fail."""
 

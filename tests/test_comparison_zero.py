@@ -1,5 +1,5 @@
 """The ZeRO comparison: torch ZeroRedundancyOptimizer and FSDP2 (reshard_after_forward=False) on 2 gloo
-processes against funcnet.zero's stages 1 and 2; a perturbed JAX weight fails the checks against torch."""
+processes against funcnet.parallel.zero's stages 1 and 2; a perturbed JAX weight fails the checks against torch."""
 
 import json
 import os

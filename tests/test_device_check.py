@@ -1,5 +1,5 @@
 """benchmarks/device_check.sh on a machine without GPUs or TPUs says so in one line and exits 0;
-its train-step benchmark runs on CPU with --tiny."""
+its train-step benchmark runs on CPU with --tiny, its pipeline and ZeRO steps with --cpu."""
 
 import os
 import subprocess
@@ -34,3 +34,17 @@ def test_device_step_runs_its_tiny_model_on_cpu():
     assert r["n"] == 2 and r["tokens_per_s"] > 0 and r["planned"] > 0
     assert r["mfu"] != r["mfu"] or jax.default_backend() != "cpu"  # no bf16 peak is known for a CPU: NaN
     assert device_step.peak("NVIDIA H100 80GB HBM3") == 989e12
+
+
+@pytest.mark.slow
+def test_device_check_cpu_runs_the_pipeline_and_zero_steps():
+    # the script's `python` is this interpreter (its environment has jax)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_check.sh"), "--cpu"], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "pipeline P=4 M=8 gpipe: bubble 0.273 ((P-1)/(M+P-1) = 0.273), inputs held 8" in out
+    assert "pipeline P=4 M=8  1f1b: bubble 0.273 ((P-1)/(M+P-1) = 0.273), inputs held 4" in out
+    assert all(f"ZeRO-{z} on 4:" in out for z in (0, 1, 2, 3))
+    assert out.rstrip().endswith("the ZeRO stages' losses agree and the bubbles are GPipe's")

@@ -14,7 +14,8 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, nn, precision, strategy, train
+from funcnet import callbacks, nn, precision, train
+from funcnet.parallel import strategy
 
 MODEL = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
 

@@ -1,4 +1,4 @@
-"""funcnet.fsdp: shardings by hand, per-device bytes by arithmetic, and ZeRO-3 training
+"""funcnet.parallel.fsdp: shardings by hand, per-device bytes by arithmetic, and ZeRO-3 training
 equal to one device (the oracle: the same step unsharded)."""
 
 import jax
@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import funcnet
-from funcnet import fsdp, gpt, memory, train
+from funcnet import gpt, memory, train
+from funcnet.parallel import fsdp
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=32)
 

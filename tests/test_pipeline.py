@@ -1,4 +1,4 @@
-"""funcnet.pipeline: the schedule tables against GPipe's closed-form bubble and each schedule's rules,
+"""funcnet.parallel.pipeline: the schedule tables against GPipe's closed-form bubble and each schedule's rules,
 the pipelined loss and gradients against jax.value_and_grad of the whole GPT on one device, and the
 activation memory a stage holds read off XLA's compiled temps."""
 
@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from funcnet import gpt, losses, memory
-from funcnet import pipeline as pp
+from funcnet.parallel import pipeline as pp
 
 CFG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=4, n_head=2, n_embd=16)
 

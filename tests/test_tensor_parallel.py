@@ -1,4 +1,4 @@
-"""funcnet.tensor_parallel: Megatron's rules as shardings; the oracle is the same GPT on one device
+"""funcnet.parallel.tensor: Megatron's rules as shardings; the oracle is the same GPT on one device
 (jax.grad of the unsharded step), and Megatron's hand count of the all-reduces."""
 
 import jax
@@ -9,7 +9,7 @@ import pytest
 
 from funcnet import gpt
 from funcnet import step as fstep
-from funcnet import tensor_parallel as tp
+from funcnet.parallel import tensor as tp
 
 CFG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=4, n_embd=32)
 STEPS, BATCH = 2, 4
@@ -141,7 +141,8 @@ def test_bad_layouts_are_refused_with_the_fix():
 
 def test_fit_with_strategy_tp_equals_one_device():
     # fit(strategy="tp"): the same shuffled batches and keys on a (data 2, model 2) mesh as on one device
-    from funcnet import strategy, train
+    from funcnet import train
+    from funcnet.parallel import strategy
 
     model = gpt.GPT(CFG._replace(qkv_groups=2))  # c_attn packed for a model axis of 2, on every run
     rng = np.random.default_rng(1)

@@ -1,4 +1,4 @@
-"""funcnet.zero: ZeRO-1/2 in fit equal to plain data parallelism, their compiled per-device bytes
+"""funcnet.parallel.zero: ZeRO-1/2 in fit equal to plain data parallelism, their compiled per-device bytes
 against the planner (funcnet.memory.zero_per_device), and the planner's figures against the ZeRO
 paper's closed forms.
 
@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import fsdp, memory, nn, train, zero
+from funcnet import memory, nn, train
+from funcnet.parallel import fsdp, zero
 
 MODEL = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
 STEPS_PER_EPOCH, EPOCHS, LR = 4, 2, 1e-2

@@ -4,7 +4,7 @@
 params, gradients, a master copy, optimizer state and activations, with
 
 - FSDP / ZeRO-3 (``fsdp``): every matrix split over the fsdp devices (its state too);
-- tensor parallelism (``tp``, Megatron's rules, ``funcnet.tensor_parallel``): the block
+- tensor parallelism (``tp``, Megatron's rules, ``funcnet.parallel.tensor``): the block
   matrices and the vocabulary-split embedding over the tp devices, LayerNorms and the
   row-parallel biases whole on each;
 - data parallelism (``dp``): replicas; the global batch is split over ``dp x fsdp``;

@@ -7,7 +7,7 @@ reshard_after_forward=False)`` (close to stage 2: gradients reduce-scattered, ea
 updates its shard; FSDP2 also keeps the parameters sharded between steps, which stage 2
 does not). Both keep every parameter whole on every device for the forward and backward.
 
-Here, as in ``funcnet.fsdp``, nothing is written by hand: the state is placed with
+Here, as in ``funcnet.parallel.fsdp``, nothing is written by hand: the state is placed with
 ``NamedSharding``s on a 1-D data mesh (params replicated, each optimizer-state array split
 along one axis by ``fsdp.param_spec``), the step is ``jax.jit``-ed with those shardings and
 XLA's SPMD partitioner inserts the collectives:
@@ -37,8 +37,8 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from funcnet import fsdp as _fsdp
 from funcnet import losses as _losses
+from funcnet.parallel import fsdp as _fsdp
 
 __all__ = ["STAGES", "make_zero_step", "shard_gradients"]
 

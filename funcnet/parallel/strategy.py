@@ -1,4 +1,4 @@
-"""How ``fit`` runs its steps: on one device, or data-parallel on several.
+"""How ``fit`` runs its steps: on one device, or data-, zero-, fsdp-, tensor- or pipeline-parallel on several.
 
 torch counterpart: Lightning's ``Trainer(strategy=..., devices=...)``. ``fit(strategy=...)``
 takes a name or a ``Strategy``; ``runner`` turns it into one ``Runner`` whose ``epoch``
@@ -14,10 +14,14 @@ the run on one up to float summation order.
   ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
 - ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
   state (for 2 also the gradients the optimizer receives) sharded over the devices.
-- ``"tp"``: ``tensor_parallel.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
+- ``"tp"``: ``parallel.tensor.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
-  ``GPTConfig(qkv_groups=t)`` (tensor_parallel.check_config says why).
+  ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
+- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the GPT's blocks in ``pipeline`` stages
+  (GPipe or 1F1B over ``microbatches``) on one ``(data, fsdp, model, pipe)`` mesh:
+  ``Strategy("pipe", pipeline=2, tensor_parallel=2, config=cfg)`` on 8 devices is data 2 x
+  model 2 x pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
 """
 
 from __future__ import annotations
@@ -30,14 +34,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from funcnet import fsdp as _fsdp
-from funcnet import parallel as _parallel
 from funcnet.epoch import _local_steps, _run_epoch_in_parts, run_epoch
+from funcnet.parallel import data as _parallel
+from funcnet.parallel import fsdp as _fsdp
+from funcnet.parallel import mesh as _mesh
+from funcnet.parallel import tensor as _tp
+from funcnet.parallel import zero as _zero
 from funcnet.step import TrainState, make_step
 
 __all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
 
-STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp")
+STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp", "pipe")
+AXES = ("data", "fsdp", "model", "pipe")  # the one mesh every sharded strategy is a slice of
 _ALIASES = {"ddp": "shard_map"}  # Lightning's name for torch DDP
 
 
@@ -45,12 +53,19 @@ class Strategy(NamedTuple):
     """A strategy with its options: ``kind`` (one of ``STRATEGIES``), ``buffers`` (what
     data parallelism does with the model's state: ``"broadcast"``, DDP's default, or
     ``"local"``), ``zero`` (fsdp's level: 3 or 1), ``tensor_parallel`` (tp's model axis; 0:
-    every device)."""
+    every device), and for ``"pipe"``: ``pipeline`` (stages on the ``pipe`` axis), ``fsdp``
+    (devices on the ``fsdp`` axis), ``microbatches`` (0: one per stage), ``schedule``
+    (``"1f1b"`` or ``"gpipe"``) and ``config`` (the ``GPTConfig`` of the model)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
     zero: int = 3
     tensor_parallel: int = 0
+    pipeline: int = 0
+    fsdp: int = 1
+    microbatches: int = 0
+    schedule: str = "1f1b"
+    config: Any = None
 
 
 class Runner(NamedTuple):
@@ -77,12 +92,17 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
     if isinstance(strategy, str):
         strategy = Strategy(_ALIASES.get(strategy, strategy))
     if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} or a funcnet.strategy.Strategy, got "
+        raise TypeError(f"strategy must be one of {', '.join(STRATEGIES)} or a funcnet.parallel.strategy.Strategy, got "
                         f"{type(strategy).__name__} {strategy!r:.60}")
     kind = _ALIASES.get(strategy.kind, strategy.kind)
     if kind not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy.kind!r}; expected one of {', '.join(STRATEGIES)} "
                          f"(or 'ddp', an alias of 'shard_map')")
+    extra = {k: v for k, v in (("pipeline", strategy.pipeline), ("fsdp", strategy.fsdp), ("microbatches",
+             strategy.microbatches), ("config", strategy.config)) if v != Strategy._field_defaults[k]}
+    if kind != "pipe" and extra:
+        raise ValueError(f"strategy {kind!r} takes no {', '.join(extra)}: those are Strategy('pipe', ...)'s (the "
+                         f"pipeline's stages, its fsdp axis, microbatches and GPTConfig)")
     if kind == "single" and devices not in (None, 1):
         raise ValueError(f"strategy='single' runs on one device, but devices={devices}; pass strategy='shard_map' "
                          f"(or 'pmap', 'sharding', 'fsdp') to train on {devices} devices")
@@ -107,7 +127,9 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    if strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
+    if strategy.kind == "pipe":
+        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    elif strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
         dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
     else:
         dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
@@ -131,7 +153,7 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
     kind = strategy.kind
     if jax.process_count() > 1:
         raise ValueError(f"strategy={kind!r} in fit runs in one process; over several processes use "
-                         f"fsdp.make_fsdp_step / tensor_parallel.make_tp_step with jax.make_array_from_process_local_data")
+                         f"fsdp.make_fsdp_step / parallel.tensor.make_tp_step with jax.make_array_from_process_local_data")
     if strategy.buffers != "broadcast":
         raise ValueError(f"buffers={strategy.buffers!r} is for data-parallel replicas; {kind} keeps one state "
                          f"sharded over the mesh: leave buffers out")
@@ -140,14 +162,10 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
         mesh = _fsdp.mesh(devices)
         step = _fsdp.make_fsdp_step(model, tx, loss_fn, mesh, zero=strategy.zero, state=shapes, **step_options)
     elif kind in ("zero1", "zero2"):
-        from funcnet import zero as _zero
-
         step = _zero.make_zero_step(model, tx, loss_fn, _fsdp.mesh(devices), stage=int(kind[-1]), state=shapes,
                                     **step_options)
         mesh = step.mesh
     else:
-        from funcnet import tensor_parallel as _tp
-
         n = devices or len(jax.devices())
         t = strategy.tensor_parallel or n
         if n % t:

@@ -204,13 +204,31 @@ def join_params(rest: dict, blocks: dict, like: dict) -> dict:
     return {**like, "transformer": {**rest["transformer"], "h": h}}
 
 
+AXES = ("data", "fsdp", "model", "pipe")
+
+
+def _check_mesh(mesh: Mesh) -> frozenset:
+    """The axes the pipeline runs by hand (``pipe``, and ``data`` when the mesh has it); the
+    others (``model``, ``fsdp``) are left to the partitioner, inside each stage."""
+    names = tuple(mesh.axis_names)
+    if "pipe" not in names or not set(names) <= set(AXES) or len(set(names)) != len(names):
+        raise ValueError(f"pipeline: the mesh's axes must be 'pipe' and any of 'data', 'fsdp', 'model', got {names}; "
+                         f"build it with funcnet.parallel.pipeline.mesh(stages) or "
+                         f"funcnet.parallel.strategy.mesh(data=, fsdp=, model=, pipe=)")
+    return frozenset(a for a in names if a in ("data", "pipe"))
+
+
 def make_value_and_grad(config, mesh: Mesh, microbatches: int, kind: str = "1f1b"):
     """``f(rest, blocks, idx, targets) -> (loss, (grad_rest, grad_blocks))``: the GPT's mean
     cross entropy over the batch ``idx``/``targets`` ``(B, T)`` and its gradients, computed by
-    the pipeline. ``f.schedule`` is the table it runs."""
-    if tuple(mesh.axis_names) != ("pipe",):
-        raise ValueError(f"pipeline: the mesh must have the one axis 'pipe', got {tuple(mesh.axis_names)}; build it "
-                         f"with funcnet.pipeline.mesh(stages)")
+    the pipeline. ``f.schedule`` is the table it runs.
+
+    ``mesh``: ``pipe`` alone, or with ``data`` (each microbatch split over it, the loss and
+    gradients averaged over it: data parallelism around the pipeline) and ``model`` / ``fsdp``
+    (left to jit's partitioner inside each stage: the blocks' params placed by
+    ``parallel.tensor``'s rules are multiplied as ``make_tp_step`` does)."""
+    manual = _check_mesh(mesh)
+    data = "data" in manual
     stages = int(mesh.shape["pipe"])
     check_config(config, stages, microbatches)
     plan = schedule(kind, stages, microbatches)
@@ -270,15 +288,23 @@ def make_value_and_grad(config, mesh: Mesh, microbatches: int, kind: str = "1f1b
                  "rest": zeros(rest), "blocks": zeros(blocks)}
         carry = jax.lax.scan(tick, carry, table)[0]
         loss = jax.lax.psum(carry["loss"], "pipe") / M  # only the last stage's is not 0
-        return loss, (jax.lax.psum(carry["rest"], "pipe"), carry["blocks"])
+        grads = (jax.lax.psum(carry["rest"], "pipe"), carry["blocks"])
+        if data:  # DDP's all-reduce: each data replica ran its slice of every microbatch
+            loss, grads = jax.lax.pmean((loss, grads), "data")
+        return loss, grads
 
     def value_and_grad(rest, blocks, idx, targets):
         check_config(config, stages, microbatches, idx.shape[0])
         idx = idx.reshape(M, idx.shape[0] // M, *idx.shape[1:])
         targets = targets.reshape(idx.shape)
-        specs = (P(), P("pipe"), P(), P())
+        if data and idx.shape[1] % mesh.shape["data"]:
+            raise ValueError(f"pipeline: a microbatch of {idx.shape[1]} sequences does not split over the data axis "
+                             f"of {mesh.shape['data']}; pick a batch that is a multiple of "
+                             f"{microbatches * mesh.shape['data']}")
+        batch = P(None, "data") if data else P()
+        specs = (P(), P("pipe"), batch, batch)
         return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=(P(), (P(), P("pipe"))),
-                             check_vma=False)(rest, blocks, idx, targets)
+                             axis_names=manual, check_vma=False)(rest, blocks, idx, targets)
 
     value_and_grad.schedule = plan
     return value_and_grad

@@ -33,7 +33,7 @@ The rules (Shoeybi et al. 2019, "Megatron-LM", section 3), on the ``model`` axis
 - ``wpe`` and the LayerNorms are replicated over ``model`` (tiny; their inputs are whole).
 
 On the ``fsdp`` axis each matrix is also split along its other axis (ZeRO-3, as
-``funcnet.fsdp``), and the batch is split over ``data`` x ``fsdp``. Optimizer state
+``funcnet.parallel.fsdp``), and the batch is split over ``data`` x ``fsdp``. Optimizer state
 follows the params leaf for leaf.
 
 ``mlp_shard_map(mesh)``: the MLP block written out with ``jax.shard_map`` and an explicit
@@ -86,10 +86,10 @@ def mesh(data: int = 1, fsdp: int = 1, model: int = 1, devices=None) -> Mesh:
     sizes = {"data": data, "fsdp": fsdp, "model": model}
     for name, n in sizes.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"tensor_parallel.mesh: {name} must be a positive int, got {n!r}")
+            raise ValueError(f"parallel.tensor.mesh: {name} must be a positive int, got {n!r}")
     n = data * fsdp * model
     if n > len(devices):
-        raise ValueError(f"tensor_parallel.mesh: data x fsdp x model = {data} x {fsdp} x {model} = {n} devices, but "
+        raise ValueError(f"parallel.tensor.mesh: data x fsdp x model = {data} x {fsdp} x {model} = {n} devices, but "
                          f"{len(devices)} are there; on CPU simulate more with XLA_FLAGS="
                          f"--xla_force_host_platform_device_count={n} before JAX starts")
     return Mesh(np.asarray(devices[:n], dtype=object).reshape(data, fsdp, model), AXES)
@@ -109,7 +109,7 @@ def check_config(config, mesh: Mesh, vocab: str = "split") -> None:
                          f"axis ({t}); pick a model axis among the divisors of {config.n_head}")
     if config.qkv_groups % t:
         raise ValueError(f"tensor parallelism over {t} devices needs c_attn packed in a multiple of {t} groups: "
-                         f"GPTConfig(..., qkv_groups={t}) and its params through tensor_parallel.pack_qkv(params, "
+                         f"GPTConfig(..., qkv_groups={t}) and its params through parallel.tensor.pack_qkv(params, "
                          f"{t}); got qkv_groups={config.qkv_groups}")
     if vocab == "split" and config.vocab_size % t:
         raise ValueError(f"vocab='split' needs vocab_size={config.vocab_size} divisible by the model axis ({t}); "
@@ -191,10 +191,10 @@ def make_tp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: Mes
     ``.raw`` and ``.mesh``. ``config`` (the ``GPTConfig``), when given, is checked against the
     mesh first (``check_config``)."""
     if mesh is None:
-        raise ValueError("make_tp_step needs mesh= (tensor_parallel.mesh(data, fsdp, model))")
+        raise ValueError("make_tp_step needs mesh= (parallel.tensor.mesh(data, fsdp, model))")
     if tuple(mesh.axis_names) != AXES:
         raise ValueError(f"make_tp_step: the mesh's axes must be {AXES}, got {mesh.axis_names}; build it with "
-                         f"tensor_parallel.mesh(data=, fsdp=, model=)")
+                         f"parallel.tensor.mesh(data=, fsdp=, model=)")
     if config is not None:
         check_config(config, mesh, vocab)
     shardings = state_shardings(state, mesh, vocab=vocab)
