@@ -1,7 +1,7 @@
 """funcnet.memory.layout.plan with pipeline stages: its activations against Korthikanti et al.'s
 closed form (memory.transformer_activations of one microbatch: the first stage of a 1F1B pipeline
-holds P microbatches of L/P layers), its held microbatches against funcnet.pipeline's tables, and
-its per-device bytes against XLA's compiled memory of funcnet.pipeline's training step on 4
+holds P microbatches of L/P layers), its held microbatches against funcnet.parallel.pipeline's tables, and
+its per-device bytes against XLA's compiled memory of funcnet.parallel.pipeline's training step on 4
 simulated CPU devices (nothing runs)."""
 
 import jax
@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from funcnet import gpt, memory
-from funcnet import pipeline as pp
+from funcnet.parallel import pipeline as pp
 from funcnet.memory import layout as ml
 
 SEVEN_B = ml.Shape(n_layer=32, n_embd=4096, n_head=32, vocab_size=32000, block_size=2048, batch=8, dropout=False)
@@ -65,7 +65,7 @@ def test_impossible_pipelines_are_refused_naming_both_numbers():
         ml.plan(SEVEN_B, ml.Layout(pp=0))
 
 
-# One GPT block per stage, so funcnet.pipeline's kept stage inputs are the plan's remat="full"
+# One GPT block per stage, so funcnet.parallel.pipeline's kept stage inputs are the plan's remat="full"
 # (each layer's input, Korthikanti's 2sbh at 16 bits); float32, Adam, batch 16 in 16 microbatches.
 CFG = gpt.GPTConfig(block_size=16, vocab_size=64, n_layer=4, n_head=4, n_embd=128)
 SHAPE = ml.Shape(CFG.n_layer, CFG.n_embd, CFG.n_head, CFG.vocab_size, CFG.block_size, batch=16)

@@ -23,10 +23,10 @@ params, gradients, a master copy, optimizer state and activations, with
   alone (``dp == 1``) has no such copy in the plan: each layer's whole gradient is
   reduce-scattered into its shard and freed, one layer at a time.
 - pipeline parallelism (``pp`` stages, ``microbatches`` M, ``schedule`` "gpipe" or "1f1b",
-  ``funcnet.pipeline``): each stage holds ``L / pp`` blocks, with their gradients and optimizer
+  ``funcnet.parallel.pipeline``): each stage holds ``L / pp`` blocks, with their gradients and optimizer
   state (the ZeRO paper's accounting, Rajbhandari et al. 2020: 2 + 2 + K bytes per parameter
   for mixed-precision Adam, K = 12, here over the stage's parameters), plus the embeddings and
-  final LayerNorm whole (``funcnet.pipeline`` replicates them; Megatron's first stage holds the
+  final LayerNorm whole (``funcnet.parallel.pipeline`` replicates them; Megatron's first stage holds the
   embeddings, its last a copy of the tied head: the same ``V x h``). Activations per Megatron-LM
   (Korthikanti et al. 2022, section 4.2.3): the first stage, the busiest, holds the activations
   of its ``L / pp`` layers for ``min(pp, M)`` microbatches under 1F1B, for all M under GPipe,
@@ -36,13 +36,13 @@ params, gradients, a master copy, optimizer state and activations, with
   are held (M under "gpipe": every forward before any backward).
 - the accumulation buffer (``accum_buffer``): with M > 1 microbatches each microbatch's
   backward returns the stage's whole gradients (``jax.vjp``), which are then added into the
-  running sum: a second copy of the gradients (``funcnet.pipeline``, ``make_step(accum_steps=)``).
+  running sum: a second copy of the gradients (``funcnet.parallel.pipeline``, ``make_step(accum_steps=)``).
   torch's autograd adds into ``.grad`` one parameter at a time (Megatron's
   ``gradient_accumulation_fusion`` writes into ``main_grad`` directly):
   ``Layout(accumulate_in_place=True)`` drops it.
 
 Not counted: the working memory of recomputation (with ``remat="full"``, or
-``funcnet.pipeline``'s rerun of a stage in its backward: one microbatch's activations of the
+``funcnet.parallel.pipeline``'s rerun of a stage in its backward: one microbatch's activations of the
 recomputed layers at a time, as in the paper), XLA's temporaries, the batch itself.
 
 ``fits``: whether the total is within ``device_memory`` bytes. ``layouts(n)`` lists the
@@ -61,7 +61,7 @@ __all__ = ["REMAT", "SCHEDULES", "Layout", "Plan", "Shape", "held_microbatches",
            "smallest_fitting"]
 
 REMAT = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b")  # funcnet.pipeline.KINDS, named here so planning never imports jax
+SCHEDULES = ("gpipe", "1f1b")  # funcnet.parallel.pipeline.KINDS, named here so planning never imports jax
 
 
 class Shape(NamedTuple):
@@ -133,7 +133,7 @@ class Plan(NamedTuple):
 def held_microbatches(layout: Layout) -> int:
     """Microbatches whose activations the first stage holds at once: all M under GPipe (every
     forward before any backward), ``min(pp, M)`` under 1F1B (``pp - 1`` warm-up forwards, then one
-    forward and one backward in turn); ``funcnet.pipeline.schedule(...).held`` counts the same."""
+    forward and one backward in turn); ``funcnet.parallel.pipeline.schedule(...).held`` counts the same."""
     return layout.microbatches if layout.schedule == "gpipe" else min(layout.pp, layout.microbatches)
 
 

@@ -328,6 +328,9 @@ def run_epoch(dp: DataParallel, state, x, y, *, batch_size: int):
 
 
 class Cluster(NamedTuple):
+    """Where this process sits among the ``jax.distributed`` processes (torch's ``get_rank()``,
+    ``get_world_size()``), and how many devices it and all of them hold."""
+
     process_id: int
     num_processes: int
     local_devices: int

@@ -71,6 +71,7 @@ class Schedule(NamedTuple):
 
     @property
     def ticks(self) -> int:
+        """The table's length: forward and backward slots included, idle ones too."""
         return int(self.table.shape[0])
 
     @property

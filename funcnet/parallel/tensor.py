@@ -117,6 +117,8 @@ def check_config(config, mesh: Mesh, vocab: str = "split") -> None:
 
 
 def regroup_qkv(a, groups_from: int, groups_to: int, n_head: int):
+    """``c_attn``'s rows (or bias) packed in ``groups_from`` groups of (q, k, v) heads, repacked in
+    ``groups_to`` groups: ``pack_qkv`` and its inverse both go through torch's order (3, heads, hs)."""
     # rows (gf, 3, heads/gf, hs) -> (gt, 3, heads/gt, hs); via the head order (3, heads, hs)
     xp = jnp if isinstance(a, jax.Array) else np
     rows, rest = a.shape[0], a.shape[1:]
