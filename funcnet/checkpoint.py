@@ -6,18 +6,12 @@ metadata. ``restore(directory, template)`` reads the latest one back into the
 structure of ``template``. torch counterpart: ``torch.save({"model": m.state_dict(),
 "optimizer": opt.state_dict(), ...}, path)`` / ``torch.load`` + ``load_state_dict``.
 
-Resuming a run exactly::
-
-    fit(..., callbacks=[callbacks.ModelCheckpoint(d, every_steps=100)])   # epochs and every 100 steps
-    state, start = callbacks.resume(d, create_train_state(model, tx, jax.random.key(0)))
-    fit(..., state=state, start=start)                                     # same bits as uninterrupted
-
-Everything random derives from ``state.key``, which is saved, so the rest of the run
-draws the same shuffles and dropout masks. ``funcnet train --checkpoint-dir D --resume``
-does this too (the ``Position`` inside an epoch travels in the metadata).
+Resuming a run exactly: ``fit(..., callbacks=[callbacks.ModelCheckpoint(d, every_steps=100)])``,
+then ``state, start = callbacks.resume(d, template)`` and ``fit(..., state=state, start=start)``
+gives the same bits as an uninterrupted run: everything random derives from ``state.key``,
+which is saved. ``funcnet train --checkpoint-dir D --resume`` does this too.
 
 Guarantees:
-
 - Atomic: the file is written under a temporary name in the same directory,
   fsync-ed, then renamed (``os.replace``), and the directory is fsync-ed. A crash at
   any point leaves either the old set of checkpoints or the old set plus the new one,
@@ -29,29 +23,16 @@ Guarantees:
 - One run per directory: ``lock(directory)`` takes an exclusive ``flock`` on
   ``directory/.lock`` (``funcnet train`` holds it for the whole run); a second taker gets
   ``CheckpointLockedError`` naming the folder and the holder's PID at once.
-- Verified: a header carries the payload's length and SHA-256; a truncated or
-  corrupted file raises ``CheckpointError`` naming the file, never a decoder traceback;
-  so does a file whose name's step differs from the step stored inside it (renamed).
-- Strict JSON: metadata is written with ``allow_nan=False``; non-finite floats in it are
-  stored as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``float()`` and numpy
-  read them back).
+- Verified: a header carries the payload's length and SHA-256; a truncated, corrupted or
+  renamed file raises ``CheckpointError`` naming the file, never a decoder traceback.
+- Strict JSON metadata: non-finite floats are stored as ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
 - Strict: ``restore`` compares the saved leaves with the template's, path by path
   (``params/0/weight``, ``opt_state/0/mu/0/bias``, ``key``), and reports every missing
   path, unexpected path and shape / dtype / key-type mismatch in one error.
-- Bitwise: leaves are stored as raw array bytes, so a round trip is exact. Typed PRNG
-  keys are stored as ``jax.random.key_data`` plus their implementation's name and
-  rebuilt with ``jax.random.wrap_key_data``.
+- Bitwise: leaves are stored as raw array bytes; typed PRNG keys as ``jax.random.key_data``
+  plus their implementation's name.
 
-Why not orbax-checkpoint: on this project's digits model (64-128-10 MLP with Adam,
-116 kB of state) a synchronous orbax ``CheckpointManager`` save took ~90 ms, against
-~7 ms for a whole training epoch; its checkpoint is a tree of tensorstore files, and a
-byte flipped in one of them restored silently as wrong numbers (no checksum on the data
-path). Its async mode would also read buffers that the next, donating, training step
-reuses. One ``flax.serialization`` msgpack file with a checksum takes ~3 ms to encode and
-write, ~14 ms with the two fsyncs that make it durable, is verified on every read and
-starts no threads. It targets single-process states whose arrays fit in host memory
-(the scope of this library); a pmap-replicated state is saved with its device axis,
-so unreplicate it first.
+Why not orbax-checkpoint: docs/design.md, "Checkpoints".
 
 Examples:
     >>> import tempfile
@@ -185,8 +166,7 @@ class lock:
             os.close(self._fd)  # closing drops the flock; the file stays for the next holder
             self._fd = None
 
-    def __enter__(self):
-        return self.acquire()
+    __enter__ = acquire
 
     def __exit__(self, *exc):
         self.release()
