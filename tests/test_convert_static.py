@@ -144,6 +144,15 @@ def test_an_exception_of_the_model_names_module_mode_line_and_the_way_out():
     assert np.asarray(model.apply(params, jnp.ones((1, 4)))).shape == (1, 4)
 
 
+def test_to_source_says_an_exception_of_the_model_as_convert_does():
+    with pytest.raises(ConversionError) as info:
+        interop.to_source(Holder(), torch.randn(2, 4))
+    message = str(info.value)
+    assert message.startswith("to_source: the torch forward raised RuntimeError: targets are required"), message
+    assert "inner in train mode" in message and f"{ME}:{_line(TrainOnly.forward, 'raise RuntimeError')}" in message
+    assert "funcnet bug" not in message
+
+
 def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
     from funcnet.interop import modules, trace
 

@@ -196,8 +196,12 @@ def run(argv: Sequence[str]) -> str:
                          f"{' '.join(str(e).split())[:200]}; pass smaller shapes, e.g. a batch of 1") from None
     try:
         source = interop.to_source(module, *inputs)
-    except interop.ConversionError:
-        raise
+    except interop.ConversionError as e:
+        if getattr(e.__cause__, "funcnet_conversion", None) is None:
+            raise
+        # the forward raised: to_source's message names the module, mode and line; the inputs were port's
+        raise interop.ConversionError(f"{e}; the example inputs were {shapes}: pass the shapes (and --input-dtype) "
+                                      f"forward expects") from None
     except SystemExit as e:
         raise UsageError(f"{plan['name']}'s forward called sys.exit({e.code!r}) on the example inputs ({shapes}); "
                          f"forward must return its outputs, not end the process") from None
