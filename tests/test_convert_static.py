@@ -162,24 +162,6 @@ def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
         interop.convert(UsesInputAfter(), torch.randn(2, 4))
 
 
-class Vectorized(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = tnn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.vmap(lambda row: row * row.sum())(self.lin(x))
-
-
-def test_torch_vmap_in_a_forward_is_refused_with_its_line_not_crashed_on():
-    with pytest.raises(ConversionError) as info:
-        interop.convert(Vectorized(), torch.randn(2, 4))
-    message = str(info.value)
-    assert "torch.vmap" in message and "funcnet bug" not in message, message
-    assert f"{ME}:{_line(Vectorized.forward, 'torch.vmap')}" in message, message
-    assert torch.vmap.__module__.startswith("torch")  # torch's own vmap is back after recording
-
-
 def test_a_torch_error_inside_a_layer_is_the_models_not_a_funcnet_bug():
     # Linear(4, 4) fed 3 features: torch raises inside the call the recorder passes on
     with pytest.raises(ConversionError) as info:

@@ -18,13 +18,12 @@ import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any, Callable
 
-from funcnet.interop.frame import Dim, Frame, user_line
+from funcnet.interop.frame import Dim, Frame, flatten_args, user_line
 from funcnet.interop.graph import Graph, Node, Ref, structure
-from funcnet.interop.trace_env import (_ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised,
-                                       _refused_vmap, _run)
+from funcnet.interop.trace_env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
+from funcnet.interop.trace_vmap import recording_vmap
 
 
 
@@ -37,18 +36,6 @@ class Recording:
     names: dict = dataclasses.field(default_factory=dict)  # id(module) -> dotted path from the root
 
 
-def flatten_args(value, path=()):
-    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
-    if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
-    if isinstance(value, Mapping):
-        return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [item for f in dataclasses.fields(value)
-                for item in flatten_args(getattr(value, f.name), path + (f.name,))]
-    return [(path, value)]
-
-
 class Recorder:
     """Runs ``root`` on the example inputs with the mode and the hooks installed."""
 
@@ -58,6 +45,7 @@ class Recorder:
         self.lookup, self.canonical, self.refused = lookup, canonical, refused
         self.stack: list[Frame] = []
         self.busy = False
+        self.hidden = False  # torch's own batched run of a torch.vmap call: module calls inside are not recorded
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
         self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
@@ -82,10 +70,14 @@ class Recorder:
 
     # ---- module calls
     def pre(self, module, args, kwargs):
+        if self.hidden:
+            return
         with _quiet(self):
             self._pre(module, args, kwargs)
 
     def post(self, module, args, kwargs, output):
+        if self.hidden:
+            return output
         with _quiet(self):
             return self._post(module, args, kwargs, output)
 
@@ -367,7 +359,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
 
     previous = sys.gettrace()
     vmaps = torch.vmap, torch.func.vmap
-    torch.vmap = torch.func.vmap = _refused_vmap(recorder, torch.func.vmap)
+    torch.vmap = torch.func.vmap = recording_vmap(recorder, torch.func.vmap)
     is_compiling = torch.compiler.is_compiling
     if _ANSWER_COMPILING:  # libraries then skip their branches on tensor values (docs/design.md)
         torch.compiler.is_compiling = _compiling

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from funcnet.interop.ops._core import atom, call, is_array, register
 
-__all__ = ["getitem", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
+__all__ = ["aten_index", "getitem", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
            "fill", "zero", "copy"]
 
 _BOOL_MASK = ("indexing with a bool tensor (x[mask]) is masked_select: its output shape depends on the data, which "
@@ -166,8 +166,20 @@ def _masked_fill_source(a, k):
     return call("ops.masked_fill", a, k)
 
 
+def aten_index(input, indices):
+    """``torch.ops.aten.index(x, [i, j])``: ``x[i, j]`` (torch's ``TransformGetItemToIndex`` writes
+    ``x[i, j]`` with 0-d tensor indices as this inside a vmapped function)."""
+    return getitem(input, tuple(indices))
+
+
+def _aten_index_source(a, k):
+    inner = a[1][1:-1] if a[1].startswith(("[", "(")) and a[1].endswith(("]", ")")) else f"*{a[1]}"
+    return f"{atom(a[0])}[{inner}]"
+
+
 def _register_table():
     register(["Tensor.__getitem__"], getitem, _getitem_source)
+    register(["torch.ops.aten.index"], aten_index, _aten_index_source)
     register(["Tensor.__setitem__"], setitem, _setitem_source, mutates=(0,))
     register(["Tensor.masked_fill", "torch.masked_fill"], masked_fill, _masked_fill_source)
     register(["Tensor.scatter", "torch.scatter"], scatter, None)
