@@ -328,6 +328,9 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
             if recorder.busy or getattr(func, "__name__", None) in _PASS:
                 return _run(func, args, kwargs)
             name = canonical(func)
+            if name is None and getattr(func, "__name__", None) == "__set__" and \
+                    getattr(getattr(func, "__self__", None), "__name__", None) == "requires_grad":
+                return _run(func, args, kwargs)  # x.requires_grad = True: every JAX value can be differentiated
             if name == "Tensor.__iter__":  # iterating a tensor is unbinding its first axis
                 return iter(recorder.call(torch.Tensor.unbind, args[:1], {}))
             if name in ("Tensor.__bool__", "Tensor.item", "Tensor.tolist", "Tensor.__int__", "Tensor.__float__",

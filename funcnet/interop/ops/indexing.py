@@ -35,8 +35,13 @@ def getitem(input, index):
 
 def setitem(input, index, value):
     """``x[index] = value``: torch returns None and changes ``x``; here ``(None, (new x,))``.
-    ``value`` takes x's dtype, as torch copies it in."""
+    ``value`` takes x's dtype, as torch copies it in; a bool mask with a scalar is a ``where``."""
     x = jnp.asarray(input)
+    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if is_array(mask) and jnp.asarray(mask).dtype == jnp.bool_ and jnp.ndim(value) == 0:
+        # x[mask] = scalar (Wav2Vec2's hidden[~mask] = 0): the mask's shape, not its count, decides: a where
+        mask = jnp.asarray(mask).reshape(jnp.shape(mask) + (1,) * (x.ndim - jnp.ndim(mask)))
+        return None, (jnp.where(mask, jnp.asarray(value).astype(x.dtype), x),)
     return None, (x.at[_check_index(index)].set(jnp.asarray(value).astype(x.dtype)),)
 
 
