@@ -178,6 +178,8 @@ class Recorder:
                     self.problem(frame, f"the model's own check fails on the example inputs: {type(e).__name__}: "
                                         f"{e}; convert with inputs the model accepts", name)
             return None
+        if name == "Tensor.__setitem__" and _bool_mask_set(args):  # written as ops.masked_set, not .at[mask]
+            name = short = "Tensor.__setitem__(bool mask)"
         refusal = _data_dependent_index(name, args)
         if refusal:
             self.problem(frame, self.refused.get(refusal, "with one argument its output shape depends on the data; "
@@ -277,6 +279,18 @@ def _data_dependent_index(name, args) -> str | None:
     if name == "torch.where" and len(args) == 1:
         return "torch.where"
     return None
+
+
+def _bool_mask_set(args) -> bool:
+    """``x[mask] = scalar``: one bool tensor index and a Python number or 0-d tensor."""
+    import torch
+
+    if len(args) < 3:
+        return False
+    index = args[1][0] if isinstance(args[1], tuple) and len(args[1]) == 1 else args[1]
+    value = args[2]
+    return isinstance(index, torch.Tensor) and index.dtype == torch.bool and (
+        isinstance(value, (int, float, bool)) or (isinstance(value, torch.Tensor) and value.dim() == 0))
 
 
 def _snapshot(value):

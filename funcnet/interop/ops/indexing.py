@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from funcnet.interop.ops._core import atom, call, is_array, register
 
-__all__ = ["aten_index", "getitem", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
+__all__ = ["aten_index", "getitem", "masked_set", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
            "fill", "zero", "copy"]
 
 _BOOL_MASK = ("indexing with a bool tensor (x[mask]) is masked_select: its output shape depends on the data, which "
@@ -39,10 +39,16 @@ def setitem(input, index, value):
     x = jnp.asarray(input)
     mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
     if is_array(mask) and jnp.asarray(mask).dtype == jnp.bool_ and jnp.ndim(value) == 0:
-        # x[mask] = scalar (Wav2Vec2's hidden[~mask] = 0): the mask's shape, not its count, decides: a where
-        mask = jnp.asarray(mask).reshape(jnp.shape(mask) + (1,) * (x.ndim - jnp.ndim(mask)))
-        return None, (jnp.where(mask, jnp.asarray(value).astype(x.dtype), x),)
+        return None, (masked_set(x, mask, value),)
     return None, (x.at[_check_index(index)].set(jnp.asarray(value).astype(x.dtype)),)
+
+
+def masked_set(input, mask, value):
+    """``x[mask] = scalar`` (Wav2Vec2's ``hidden[~mask] = 0``) as the new ``x``: the mask (over
+    ``x``'s leading axes) and not its count decides, so it is a ``where``, shape-static."""
+    x = jnp.asarray(input)
+    mask = jnp.asarray(mask).reshape(jnp.shape(mask) + (1,) * (x.ndim - jnp.ndim(mask)))
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
 
 
 def masked_fill(input, mask, value):
@@ -186,6 +192,8 @@ def _register_table():
     register(["Tensor.__getitem__"], getitem, _getitem_source)
     register(["torch.ops.aten.index"], aten_index, _aten_index_source)
     register(["Tensor.__setitem__"], setitem, _setitem_source, mutates=(0,))
+    register(["Tensor.__setitem__(bool mask)"], setitem, lambda a, k: f"(None, (ops.masked_set({a[0]}, {a[1]}, {a[2]}),))",
+             mutates=(0,))
     register(["Tensor.masked_fill", "torch.masked_fill"], masked_fill, _masked_fill_source)
     register(["Tensor.scatter", "torch.scatter"], scatter, None)
     register(["Tensor.scatter_add", "torch.scatter_add"], scatter_add, None)
