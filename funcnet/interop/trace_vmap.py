@@ -38,6 +38,7 @@ class VmapBody:
     out_dims: Any
 
     def key(self) -> tuple:
+        """What the body computes, for comparing two recordings (as ``Node.key``)."""
         return ("vmap", self.graph.key(), self.names, repr(self.in_dims), repr(self.out_dims))
 
     def __eq__(self, other):
