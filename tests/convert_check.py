@@ -4,7 +4,7 @@
 forward, the train forward, the loss, the gradients, the state (buffers) after a train
 step and the parameters after ``steps`` SGD steps. Run as a script (``python
 tests/convert_check.py float64``, with JAX_ENABLE_X64=1) it prints them for every zoo
-model as JSON.
+model as JSON; ``... float64 --transformers bert gpt2 llama`` for transformers models.
 """
 
 from __future__ import annotations
@@ -89,6 +89,9 @@ def dict_rel(ours: dict, theirs: dict) -> float:
 
 
 def tree_rel(ours, theirs) -> float:
+    if isinstance(ours, dict) and isinstance(theirs, dict):  # by key: transformers' outputs keep their own order
+        keys = [k for k, v in theirs.items() if v is not None]
+        return max([tree_rel(ours[k], theirs[k]) if k in ours else float("inf") for k in keys], default=0.0)
     a, b = _leaves(ours), _leaves(theirs)
     if len(a) != len(b):
         return float("inf")
@@ -180,8 +183,30 @@ def _check(module, args, kwargs, converted, steps: int, lr: float, fresh=None) -
     return out
 
 
+def check_transformers(name: str, dtype=torch.float64, steps: int = 3, lr: float = 0.05) -> dict:
+    """``check`` for a transformers model of tests/test_convert_transformers.py (tiny config, no
+    download), with every dropout at 0 so that the train steps are deterministic on both sides."""
+    from test_convert_transformers import BUILDERS
+
+    torch.manual_seed(0)
+    module, trace, fresh = BUILDERS[name]()
+    for m in module.modules():  # nn.Dropout layers, and the probabilities attention reads (self.dropout = 0.1)
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        for attr, value in vars(m).items():
+            if "dropout" in attr and isinstance(value, float):
+                setattr(m, attr, 0.0)
+    module = module.to(dtype)
+    trace, fresh = _cast(trace, dtype), _cast(fresh, dtype)
+    converted = interop.convert(module, **trace)
+    return _check(module, (), trace, converted, steps, lr, ((), fresh))
+
+
 if __name__ == "__main__":
     dtype = {"float64": torch.float64, "float32": torch.float32}[sys.argv[1]]
-    names = sys.argv[2:] or list(ZOO)
     torch.set_num_threads(1)
-    print(json.dumps({n: check(n, dtype) for n in names}))
+    if sys.argv[2:3] == ["--transformers"]:  # python tests/convert_check.py float64 --transformers bert gpt2
+        print(json.dumps({n: check_transformers(n, dtype) for n in sys.argv[3:]}))
+    else:
+        names = sys.argv[2:] or list(ZOO)
+        print(json.dumps({n: check(n, dtype) for n in names}))

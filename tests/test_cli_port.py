@@ -98,3 +98,12 @@ def test_port_weights_keep_the_0d_batchnorm_counter(tmp_path, monkeypatch, capsy
     twin = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     assert {k: tuple(v.shape) for k, v in written.items()} == {k: tuple(v.shape) for k, v in twin.state_dict().items()}
     assert written["1.num_batches_tracked"].shape == () and written["1.num_batches_tracked"].dtype == torch.int64
+
+
+def test_a_forward_that_raises_is_one_message_naming_module_line_and_inputs(run):
+    source = MODEL.replace("        return self.fc(x)\n", "        return self.fc(x.flatten(1))\n")
+    status, err = run(source, "--input-shape", "1,2,2")  # 4 features into Linear(3, 2)
+    assert status == 2 and "Traceback" not in err, err
+    assert err.startswith("funcnet port: error: to_source: the torch forward raised RuntimeError"), err
+    assert "fc in train mode" in err and "portme.py:10" in err, err  # the layer and the user's line
+    assert "the example inputs were --input-shape 1,2,2" in err, err

@@ -1,6 +1,8 @@
 """interop.from_pretrained on a folder written by transformers' save_pretrained (no network), and
-greedy generation with the converted causal LM against torch's generate(do_sample=False)."""
+greedy generation with the converted causal LM against torch's generate(do_sample=False); the same
+folder through `funcnet port --hf DIR`, whose written module and weights load and match torch."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,6 +63,69 @@ def test_greedy_generation_of_20_tokens_equals_torch_generate(saved):
     got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20, state=state)
     assert want.shape == (2, 25) and all(len(np.unique(row)) > 3 for row in want[:, 5:].numpy())  # varied
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+@pytest.fixture(scope="module")
+def ported(tmp_path_factory):
+    """`funcnet port --hf` on a saved Llama: the torch model, and the written module with the written weights."""
+    import safetensors.torch
+
+    import funcnet
+    from funcnet.cli import main
+
+    torch.manual_seed(0)
+    module = _llama().eval()
+    folder = tmp_path_factory.mktemp("llama_port")
+    module.save_pretrained(folder / "checkpoint")
+    out, weights = folder / "llama.py", folder / "llama.safetensors"
+    assert main(["port", "--hf", str(folder / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
+    scope: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), scope)
+    model = scope["LlamaForCausalLM"]()
+    params = funcnet.load_state_dict(jax.eval_shape(model.init, jax.random.key(0)),
+                                     safetensors.torch.load_file(weights))
+    return module, model, params
+
+
+def test_port_hf_writes_a_module_and_weights_that_match_torch_on_a_fresh_input(ported):
+    module, model, params = ported
+    ids = torch.randint(0, VOCAB, (3, 9), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    mask[2, -3:] = 0
+    with torch.no_grad():
+        want = module(input_ids=ids, attention_mask=mask).logits.numpy()
+    forward = jax.jit(lambda p, i, m: model.apply(p, input_ids=i, attention_mask=m)["logits"])
+    got = np.asarray(forward(params, jnp.asarray(ids.numpy()), jnp.asarray(mask.numpy())))
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= 1e-5  # float32, 2 layers of width 32-64
+
+
+def test_port_hf_greedy_generation_of_20_tokens_equals_torch_generate(ported):
+    module, model, params = ported
+    prompt = torch.randint(0, VOCAB, (2, 4), generator=torch.Generator().manual_seed(13))
+    with torch.no_grad():
+        want = module.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20,
+                               min_new_tokens=20)
+    got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20)
+    assert all(len(np.unique(row)) > 3 for row in want[:, 4:].numpy())  # varied, not one token repeated
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hf", "{missing}"], r"--hf .*missing: no .*config.json; expected a folder written by model.save_pretrained"),
+    (["net.py:Net", "--hf", "{folder}"], r"both net.py:Net and --hf .*: pass one model"),
+    (["--hf", "{folder}", "--input-shape", "1,3"], r"with --input-shape: a checkpoint's config.json builds"),
+    ([], r"no model: pass FILE.py:Class .* or --hf DIR"),
+])
+def test_port_hf_refuses_bad_flags_in_one_line(flags, message, tmp_path, capsys):
+    import re
+
+    from funcnet.cli import main
+
+    (tmp_path / "config.json").write_text("{}")
+    flags = [f.format(missing=tmp_path / "missing", folder=tmp_path) for f in flags]
+    assert main(["port", *flags, "--out", str(tmp_path / "x.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
 
 
 def test_a_folder_without_config_is_named_with_what_is_expected(tmp_path):

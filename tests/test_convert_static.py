@@ -144,6 +144,15 @@ def test_an_exception_of_the_model_names_module_mode_line_and_the_way_out():
     assert np.asarray(model.apply(params, jnp.ones((1, 4)))).shape == (1, 4)
 
 
+def test_to_source_says_an_exception_of_the_model_as_convert_does():
+    with pytest.raises(ConversionError) as info:
+        interop.to_source(Holder(), torch.randn(2, 4))
+    message = str(info.value)
+    assert message.startswith("to_source: the torch forward raised RuntimeError: targets are required"), message
+    assert "inner in train mode" in message and f"{ME}:{_line(TrainOnly.forward, 'raise RuntimeError')}" in message
+    assert "funcnet bug" not in message
+
+
 def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
     from funcnet.interop import modules, trace
 
@@ -153,24 +162,6 @@ def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
         interop.convert(UsesInputAfter(), torch.randn(2, 4))
 
 
-class Vectorized(tnn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = tnn.Linear(4, 4)
-
-    def forward(self, x):
-        return torch.vmap(lambda row: row * row.sum())(self.lin(x))
-
-
-def test_torch_vmap_in_a_forward_is_refused_with_its_line_not_crashed_on():
-    with pytest.raises(ConversionError) as info:
-        interop.convert(Vectorized(), torch.randn(2, 4))
-    message = str(info.value)
-    assert "torch.vmap" in message and "funcnet bug" not in message, message
-    assert f"{ME}:{_line(Vectorized.forward, 'torch.vmap')}" in message, message
-    assert torch.vmap.__module__.startswith("torch")  # torch's own vmap is back after recording
-
-
 def test_a_torch_error_inside_a_layer_is_the_models_not_a_funcnet_bug():
     # Linear(4, 4) fed 3 features: torch raises inside the call the recorder passes on
     with pytest.raises(ConversionError) as info:
@@ -178,3 +169,45 @@ def test_a_torch_error_inside_a_layer_is_the_models_not_a_funcnet_bug():
     message = str(info.value)
     assert "torch forward raised RuntimeError" in message and "funcnet bug" not in message, message
     assert "inner.lin in eval mode" in message, message  # the layer that raised, by its path
+
+
+class WeightNormed(tnn.Module):
+    """torch.nn.utils.parametrizations.weight_norm (Wav2Vec2's positional conv), and x[mask] = 0 on a bool mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tnn.utils.parametrizations.weight_norm(tnn.Conv1d(3, 4, 3, padding=1), dim=2)
+
+    def forward(self, x):
+        y = self.conv(x)
+        y[y < -0.5] = 0.0  # the mask's shape, not its count, decides: a where
+        return y
+
+
+def test_a_weight_normed_layer_keeps_torchs_keys_and_matches_on_a_fresh_input():
+    import jax
+
+    import funcnet
+
+    torch.manual_seed(0)
+    module = WeightNormed()
+    model, params, _ = interop.convert(module, torch.randn(2, 3, 5))
+    assert set(funcnet.state_dict(params)) == set(module.state_dict()) == {
+        "conv.bias", "conv.parametrizations.weight.original0", "conv.parametrizations.weight.original1"}
+    x = torch.randn(3, 3, 7, generator=torch.Generator().manual_seed(1))  # another batch and length
+    twin = WeightNormed().double()
+    twin.load_state_dict(module.state_dict())
+    want = twin(x.double())
+    want.pow(2).sum().backward()
+    got = model.apply(params, jnp.asarray(x.numpy()))
+    eps = float(np.finfo(np.float32).eps)
+    # a 9-term conv of a weight normalized over 12 values: 32 eps per term of the output's scale
+    assert np.max(np.abs(np.asarray(got, np.float64) - want.detach().numpy())) <= 32 * eps * 21 * float(
+        want.abs().max())
+    grads = funcnet.state_dict(jax.grad(lambda p: jnp.sum(model.apply(p, jnp.asarray(x.numpy())) ** 2))(params))
+    theirs = {k: p.grad.numpy() for k, p in twin.named_parameters()}
+    scale = max(float(np.abs(g).max()) for g in theirs.values())
+    for k, g in theirs.items():  # each sums 3 x 7 outputs' contributions of those 21 terms
+        assert np.max(np.abs(np.asarray(grads[k], np.float64) - g)) <= 32 * eps * 21 * 21 * scale, k
+    source = interop.to_source(module, torch.randn(2, 3, 5))
+    assert "ops.weight_norm(" in source and "ops.masked_set(" in source, source

@@ -142,7 +142,7 @@ def test_port_command_writes_source_and_weights(tmp_path):
     ([f"{ZOO_FILE}:ResNet", "--input-shape", "1,x"], "--input-shape '1,x': expected positive integers"),
     ([f"{ZOO_FILE}:ResNet"], "no --input-shape"),
     ([f"{ZOO_FILE}:ResNet", "--kwargs", '{"depth": 2}', "--input-shape", "2,3,8,8"], "pass --args/--kwargs"),
-    ([f"{ZOO_FILE}:ResNet", "--input-shape", "2,3"], "forward failed on example inputs (--input-shape 2,3)"),
+    ([f"{ZOO_FILE}:ResNet", "--input-shape", "2,3"], "the example inputs were --input-shape 2,3: pass the shapes"),
 ])
 def test_port_bad_input(argv, message, tmp_path, capsys):
     out = tmp_path / "port.py"

@@ -10,6 +10,11 @@ before anything is allocated; both files are written atomically, so a failed run
 files already there as they were. A file that ends the process while it is imported
 (``sys.exit``, a script's argparse) is reported as such. Exit status: 0 done, 2 bad input or a
 model that cannot be converted (one message naming every problem).
+
+``funcnet port --hf DIR``: a Hugging Face checkpoint folder as ``save_pretrained`` writes it
+(config.json and model.safetensors) instead of FILE.py:Class; the model is built with
+transformers (``architectures[0]``, local files only, ``use_cache=False``, eval mode) and
+recorded on an example input read off the config, as ``interop.from_pretrained`` does.
 """
 
 from __future__ import annotations
@@ -36,7 +41,11 @@ class _OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The ``funcnet port`` parser: every flag with its help and default."""
     p = _OneLineParser(prog="funcnet port", description="Write a torch model as funcnet.nn source.")
-    p.add_argument("target", metavar="FILE.py:Class", help="the Python file and the torch.nn.Module class in it")
+    p.add_argument("target", metavar="FILE.py:Class", nargs="?", default=None,
+                   help="the Python file and the torch.nn.Module class in it (or --hf DIR; default: none)")
+    p.add_argument("--hf", default=None, metavar="DIR",
+                   help="instead of FILE.py:Class: a Hugging Face checkpoint folder as save_pretrained writes it "
+                        "(config.json and model.safetensors; read locally, no network; default: none)")
     p.add_argument("--args", default="[]",
                    help='JSON list of the constructor\'s positional arguments, e.g. "[10, 3]" (default %(default)s)')
     p.add_argument("--kwargs", default="{}",
@@ -117,6 +126,11 @@ def _writable(flag: str, path: str) -> None:
 
 
 def _check(args) -> dict:
+    if args.hf is not None:
+        return _check_hf(args)
+    if args.target is None:
+        raise UsageError("no model: pass FILE.py:Class (the file and the torch.nn.Module class in it) or --hf DIR "
+                         "(a folder written by transformers' save_pretrained)")
     path, name = _target(args.target)
     ctor_args = _json("--args", args.args, list)
     ctor_kwargs = _json("--kwargs", args.kwargs, dict)
@@ -136,6 +150,40 @@ def _check(args) -> dict:
     refuse_overwriting_inputs([("--out", args.out, False), ("--weights", args.weights, False)],
                               [("the model file", path)])
     return {"path": path, "name": name, "args": ctor_args, "kwargs": ctor_kwargs, "shapes": shapes, "dtypes": dtypes}
+
+
+def _check_hf(args) -> dict:
+    """``--hf DIR``: the checkpoint folder and the outputs, checked before transformers is imported."""
+    if args.target is not None:
+        raise UsageError(f"both {args.target} and --hf {args.hf}: pass one model, FILE.py:Class or --hf DIR")
+    extra = [flag for flag, value in (("--args", args.args != "[]"), ("--kwargs", args.kwargs != "{}"),
+                                      ("--input-shape", args.input_shape), ("--input-dtype", args.input_dtype))
+             if value]
+    if extra:
+        raise UsageError(f"--hf {args.hf} with {', '.join(extra)}: a checkpoint's config.json builds the model and "
+                         f"its example input is read off the config; leave {', '.join(extra)} out")
+    config = os.path.join(args.hf, "config.json")
+    if not os.path.isfile(config):
+        raise UsageError(f"--hf {args.hf}: no {config}; expected a folder written by model.save_pretrained(folder) "
+                         f"(config.json and model.safetensors)")
+    _writable("--out", args.out)
+    if args.weights is not None:
+        _writable("--weights", args.weights)
+    inputs = [("the checkpoint's " + n, os.path.join(args.hf, n)) for n in sorted(os.listdir(args.hf))]
+    refuse_overwriting_inputs([("--out", args.out, False), ("--weights", args.weights, False)], inputs)
+    return {"hf": args.hf}
+
+
+def _build_hf(folder: str):
+    """The torch model of a checkpoint folder and its example input (``interop.hf``'s)."""
+    from funcnet.interop.hf import _example, _torch_model
+
+    try:
+        torch_model, config = _torch_model(folder)
+    except (OSError, ValueError) as e:  # transformers' own reading errors: a file missing or malformed
+        raise UsageError(f"--hf {folder}: transformers could not load it: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]}") from None
+    return torch_model, _example(torch_model, config)
 
 
 def _load_class(path: str, name: str):
@@ -173,12 +221,16 @@ def run(argv: Sequence[str]) -> str:
     """Write the port; returns the summary line. Raises UsageError/ConversionError/OSError."""
     args = build_parser().parse_args(join_negative_values(list(argv)))
     plan = _check(args)
+    from funcnet import interop
+
+    if "hf" in plan:
+        module, example = _build_hf(plan["hf"])
+        source = interop.to_source(module, **example)
+        return _write(args, module, source)
     cls = _load_class(plan["path"], plan["name"])
     import inspect
 
     import torch
-
-    from funcnet import interop
 
     torch.manual_seed(args.seed)
     try:
@@ -202,14 +254,25 @@ def run(argv: Sequence[str]) -> str:
                          f"{' '.join(str(e).split())[:200]}; pass smaller shapes, e.g. a batch of 1") from None
     try:
         source = interop.to_source(module, *inputs)
-    except interop.ConversionError:
-        raise
+    except interop.ConversionError as e:
+        if getattr(e.__cause__, "funcnet_conversion", None) is None:
+            raise
+        # the forward raised: to_source's message names the module, mode and line; the inputs were port's
+        raise interop.ConversionError(f"{e}; the example inputs were {shapes}: pass the shapes (and --input-dtype) "
+                                      f"forward expects") from None
     except SystemExit as e:
         raise UsageError(f"{plan['name']}'s forward called sys.exit({e.code!r}) on the example inputs ({shapes}); "
                          f"forward must return its outputs, not end the process") from None
     except Exception as e:
         raise UsageError(f"{plan['name']}'s forward failed on example inputs ({shapes}): {type(e).__name__}: {e}; "
                          f"pass the shapes (and --input-dtype) forward expects") from None
+    return _write(args, module, source)
+
+
+def _write(args, module, source: str) -> str:
+    """``--weights`` (when given), then ``--out``; the summary line."""
+    from funcnet import interop
+
     if args.weights is not None:
         # every key written as its own tensor (a tied one too), so torch's strict load_state_dict finds them all
         from funcnet.interop.weights import _nest, _to_numpy

@@ -27,6 +27,18 @@ def user_line(skip_dirs: tuple[str, ...]) -> str:
     return "?"
 
 
+def flatten_args(value, path=()):
+    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
+    if isinstance(value, (tuple, list)):
+        return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
+    if isinstance(value, Mapping):
+        return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [item for f in dataclasses.fields(value)
+                for item in flatten_args(getattr(value, f.name), path + (f.name,))]
+    return [(path, value)]
+
+
 def _is_record(value) -> bool:
     """A dataclass instance (not the class itself)."""
     return dataclasses.is_dataclass(value) and not isinstance(value, type)
@@ -82,6 +94,13 @@ class Frame:
     constants: dict = dataclasses.field(default_factory=dict)
     buffers_before: dict = dataclasses.field(default_factory=dict)
     names: dict = dataclasses.field(default_factory=dict)  # Ref -> variable name in the user's code
+    outer: Any = None  # a torch.vmap body's frame: the frame of the forward that calls it
+    captured: list = dataclasses.field(default_factory=list)  # the outer frame's tensors a vmap body reads
+
+    def reaches(self, t) -> bool:
+        """``t`` is a value of this frame, or of a frame it is the vmap body of."""
+        hit = self.known.get(id(t))
+        return (hit is not None and hit[0] is t) or (self.outer is not None and self.outer.reaches(t))
 
     def add(self, node: Node) -> Ref:
         """Append ``node`` to the graph and return its reference."""
@@ -174,7 +193,12 @@ class Frame:
                 self.stale.pop(id(t))
             return hit[1]
         own = self.own_tensors().get(id(t))
-        if own is not None:
+        if self.outer is not None and self.outer.reaches(t):  # a vmap body reads its caller's tensor: unbatched
+            key = ("__captured__", (len(self.captured),))
+            ref = self.add(Node("input", key))
+            self.inputs[key] = ref.node
+            self.captured.append(t)
+        elif own is not None:
             ref = self.add(Node(own[0], own[1]))
         elif self.recorder.computed(t):
             self.recorder.problem(self, "a tensor computed while tracing reaches this module by a way the recorder "

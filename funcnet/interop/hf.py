@@ -33,19 +33,26 @@ def from_pretrained(path: str | os.PathLike, example_inputs: dict | None = None,
     if not os.path.isfile(config_file):
         raise FileNotFoundError(f"from_pretrained: {path!r} has no config.json; expected a folder written by "
                                 f"model.save_pretrained(folder) (config.json and model.safetensors)")
+    torch_model, config = _torch_model(path)
+    inputs = example_inputs if example_inputs is not None else _example(torch_model, config)
+    model, params, state = convert(torch_model, train=train, **inputs)
+    return model, params, state, torch_model
+
+
+def _torch_model(path: str):
+    """``(torch_model, config)`` of a checkpoint folder: ``architectures[0]`` of its config.json,
+    loaded locally with ``use_cache=False``, in eval mode."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     names = getattr(config, "architectures", None) or []
     cls = getattr(transformers, names[0], None) if names else None
     if cls is None:
-        raise ConversionError(f"from_pretrained: {config_file} names architectures={names!r}, and transformers "
-                              f"{transformers.__version__} has no such class; save the model with save_pretrained "
-                              f"(it writes its class there), or build it yourself and use interop.convert")
-    torch_model = cls.from_pretrained(path, local_files_only=True, use_cache=False).eval()
-    inputs = example_inputs if example_inputs is not None else _example(torch_model, config)
-    model, params, state = convert(torch_model, train=train, **inputs)
-    return model, params, state, torch_model
+        raise ConversionError(f"from_pretrained: {os.path.join(path, 'config.json')} names architectures={names!r}, "
+                              f"and transformers {transformers.__version__} has no such class; save the model with "
+                              f"save_pretrained (it writes its class there), or build it yourself and use "
+                              f"interop.convert")
+    return cls.from_pretrained(path, local_files_only=True, use_cache=False).eval(), config
 
 
 def _example(torch_model, config) -> dict:

@@ -117,11 +117,21 @@ def _registry() -> dict:
 
 
 def _match(module, registry):
-    """(torch base class, row) of the nearest registered class in ``module``'s MRO, or (None, None)."""
+    """(torch base class, row) of the nearest registered class in ``module``'s MRO, or (None, None).
+    A parametrized layer (weight_norm's ``ParametrizedConv1d``) is none: its weight is computed
+    in its forward from ``parametrizations.weight.original0/1``, so it is traced, keeping torch's keys."""
+    if _parametrized(module):
+        return None, None
     for cls in type(module).__mro__:
         if cls in registry:
             return cls, registry[cls]
     return None, None
+
+
+def _parametrized(module) -> bool:
+    from torch.nn.utils import parametrize
+
+    return parametrize.is_parametrized(module)
 
 
 def _container_base(module):
@@ -146,7 +156,7 @@ def _check_module(module) -> None:
     registry = _registry()
     unsupported = []
     for name, sub in module.named_modules():
-        if _container_base(sub) is not None or _match(sub, registry)[0] is not None:
+        if _container_base(sub) is not None or _match(sub, registry)[0] is not None or _parametrized(sub):
             continue
         cls = type(sub)
         if cls.__module__.startswith("torch.nn") and _has_tensors(sub):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.interop.graph import Graph, Ref, Slice, Training
+from funcnet.interop.trace_vmap import replay_vmap
 
 _DIM_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
             "mod": operator.mod}
@@ -64,6 +65,13 @@ def select(graphs: list[Graph], name: str, args: tuple, kwargs: dict):
 
 
 _MISSING = object()
+
+
+class _Bound:
+    """The arguments of a vmap body, read as ``run`` reads ``inspect.BoundArguments``."""
+
+    def __init__(self, arguments: dict):
+        self.arguments = arguments
 
 
 def _same(a, b) -> bool:
@@ -126,6 +134,9 @@ def run(graph: Graph, self, bound, lookup) -> Any:
             env.append(_DIM_OPS[node.target](*value(node.args)))
         elif node.kind == "child":
             env.append(child_of(self, node.target)(*value(node.args), **value(node.kwargs)))
+        elif node.kind == "vmap":  # torch.vmap(func): jax.vmap of func's recorded body
+            env.append(replay_vmap(node.target, *value(node.args),
+                                   lambda body, arguments: run(body, self, _Bound(arguments), lookup)))
         else:
             op = lookup(node.target)
             kwargs = value(node.kwargs)

@@ -222,7 +222,15 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
     problems = _name_clashes(module, registry)
     if problems:
         raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(problems))
-    recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=True)
+    try:
+        recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=True)
+    except ConversionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the forward raised while it was recorded: said as convert says it
+        told = getattr(e, "funcnet_conversion", None)
+        if told is None:
+            raise ConversionError(f"to_source: recording the model failed: {type(e).__name__}: {e}. {_BUG}") from e
+        raise ConversionError(str(told).replace("convert:", "to_source:", 1)) from e
     if not problems:
         try:
             _build(module, "", registry, problems, recording)

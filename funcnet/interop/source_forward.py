@@ -23,7 +23,9 @@ from typing import Callable
 
 
 from funcnet.interop.graph import Graph, Ref, Slice, Training
-from funcnet.interop.source_text import atom, child_expr, index, is_name, literal, own_expr
+from funcnet.interop.source_text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
+                                         is_name, literal, own_expr)
+from funcnet.interop.trace_vmap import vmap_call, vmap_def
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 # names the generated module uses itself, and names ruff refuses (E741)
@@ -70,6 +72,7 @@ class _Body:
         self.bound: dict = {}  # (node, path) -> placeholder
         self.names: dict = {}  # placeholder -> preferred name
         self.stmts: list = []  # [lines, defined placeholders]
+        self.vmapped: dict = {}  # node of a torch.vmap call -> (its function's placeholder, in_axes)
         for ref, name in graph.names.items():
             if name in RESERVED:
                 graph.names[ref] = f"{name}_"
@@ -196,6 +199,10 @@ class _Body:
         node = self.nodes[n]
         if node.kind in ("input", "param", "buffer", "const"):
             return
+        if node.kind == "vmap":  # def vmapped(...): the body of a torch.vmap call, before the statement mapping it
+            fn = self._placeholder(("vmap", n), "vmapped")
+            lines, self.vmapped[n] = vmap_def(node, self.g.names, RESERVED, fn, lambda g: graph_body(g, self.ctx))
+            self.stmts.append((lines, [fn]))
         names = self.g.names
         paths = self.uses.get(n, [])
         if n in self.loops:
@@ -314,6 +321,8 @@ class _Body:
         if node.kind == "child":
             parts = [self.expr(a) for a in args] + [f"{k}={self.expr(v)}" for k, v in kwargs.items()]
             return f"{child_expr(node.target, self.ctx.positions)}({', '.join(parts)})"
+        if node.kind == "vmap":
+            return vmap_call(node, *self.vmapped[n], self.expr)
         op = self.ctx.lookup(node.target)
         if op is None:
             raise ValueError(f"to_source: {node.target} has no entry in the op table ({node.where})")
@@ -365,42 +374,6 @@ class _Body:
         return _same_for_each(out)
 
 
-def _same_for_each(stmts: list) -> list:
-    """``q = f(q)``, ``k = f(k)``, ``v = f(v)`` in a row as ``q, k, v = (f(t) for t in (q, k, v))``. A name
-    counts as the variable only where it is one, not an attribute (``jnp.cos`` in ``cos = jnp.cos(f)``)."""
-    def split(stmt):
-        if len(stmt) != 1 or " = " not in stmt[0] or "'" in stmt[0] or '"' in stmt[0]:
-            return None
-        name, _, value = stmt[0].partition(" = ")
-        if not name.isidentifier() or not re.search(rf"(?<![.\w]){name}\b", value):
-            return None
-        return name, value
-
-    out, i = [], 0
-    while i < len(stmts):
-        first = split(stmts[i])
-        j = i + 1
-        if first is not None:
-            var = next(v for v in ("t", "u", "w", "z_") if not re.search(rf"(?<![.\w]){v}\b", first[1]))
-            shape = re.sub(rf"(?<![.\w]){first[0]}\b", var, first[1])
-            names = [first[0]]
-            while j < len(stmts):
-                nxt = split(stmts[j])
-                if nxt is None or nxt[0] in names or re.sub(rf"(?<![.\w]){nxt[0]}\b", var, nxt[1]) != shape \
-                        or re.search(rf"(?<![.\w]){var}\b", nxt[1]):
-                    break
-                names.append(nxt[0])
-                j += 1
-            if len(names) > 1 and not any(re.search(rf"(?<![.\w]){a}\b", shape) for a in names):
-                group = ", ".join(names)
-                out.append([f"{group} = ({shape} for {var} in ({group}))"])
-                i = j
-                continue
-        out.append(stmts[i])
-        i += 1
-    return out
-
-
 def _common_name(names: dict, n: int, i) -> str | None:
     """The name of every entry of ``Ref(n, (i, ...))`` when they share one (``hidden`` for ``(h, c)``)."""
     found = {name for ref, name in names.items() if ref.node == n and ref.path[:1] == (i,) and len(ref.path) > 1}
@@ -430,18 +403,6 @@ def _without_defaults(fn, kwargs: dict) -> dict:
 
 
 _MISSING = object()
-
-
-def _is_tuple_literal(text: str) -> bool:
-    try:
-        return isinstance(ast.parse(text, mode="eval").body, ast.Tuple)
-    except SyntaxError:
-        return False
-
-
-def _is_self_assign(line: str) -> bool:
-    left, eq, right = line.partition(" = ")
-    return bool(eq) and left == right and left.isidentifier()
 
 
 def graph_body(graph: Graph, ctx: Context) -> list:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import keyword
 import math
+import re
 
 import numpy as np
 
@@ -79,3 +80,51 @@ def literal(value, ctx=None) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k!r}: {literal(v, ctx)}" for k, v in value.items()) + "}"
     return repr(value)
+
+
+def _same_for_each(stmts: list) -> list:
+    """``q = f(q)``, ``k = f(k)``, ``v = f(v)`` in a row as ``q, k, v = (f(t) for t in (q, k, v))``. A name
+    counts as the variable only where it is one, not an attribute (``jnp.cos`` in ``cos = jnp.cos(f)``)."""
+    def split(stmt):
+        if len(stmt) != 1 or " = " not in stmt[0] or "'" in stmt[0] or '"' in stmt[0]:
+            return None
+        name, _, value = stmt[0].partition(" = ")
+        if not name.isidentifier() or not re.search(rf"(?<![.\w]){name}\b", value):
+            return None
+        return name, value
+
+    out, i = [], 0
+    while i < len(stmts):
+        first = split(stmts[i])
+        j = i + 1
+        if first is not None:
+            var = next(v for v in ("t", "u", "w", "z_") if not re.search(rf"(?<![.\w]){v}\b", first[1]))
+            shape = re.sub(rf"(?<![.\w]){first[0]}\b", var, first[1])
+            names = [first[0]]
+            while j < len(stmts):
+                nxt = split(stmts[j])
+                if nxt is None or nxt[0] in names or re.sub(rf"(?<![.\w]){nxt[0]}\b", var, nxt[1]) != shape \
+                        or re.search(rf"(?<![.\w]){var}\b", nxt[1]):
+                    break
+                names.append(nxt[0])
+                j += 1
+            if len(names) > 1 and not any(re.search(rf"(?<![.\w]){a}\b", shape) for a in names):
+                group = ", ".join(names)
+                out.append([f"{group} = ({shape} for {var} in ({group}))"])
+                i = j
+                continue
+        out.append(stmts[i])
+        i += 1
+    return out
+
+
+def _is_tuple_literal(text: str) -> bool:
+    try:
+        return isinstance(ast.parse(text, mode="eval").body, ast.Tuple)
+    except SyntaxError:
+        return False
+
+
+def _is_self_assign(line: str) -> bool:
+    left, eq, right = line.partition(" = ")
+    return bool(eq) and left == right and left.isidentifier()

@@ -18,13 +18,12 @@ import dataclasses
 import inspect
 import os
 import sys
-from collections.abc import Mapping
 from typing import Any, Callable
 
-from funcnet.interop.frame import Dim, Frame, user_line
+from funcnet.interop.frame import Dim, Frame, flatten_args, user_line
 from funcnet.interop.graph import Graph, Node, Ref, structure
-from funcnet.interop.trace_env import (_ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised,
-                                       _refused_vmap, _run)
+from funcnet.interop.trace_env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
+from funcnet.interop.trace_vmap import recording_vmap
 
 
 
@@ -37,18 +36,6 @@ class Recording:
     names: dict = dataclasses.field(default_factory=dict)  # id(module) -> dotted path from the root
 
 
-def flatten_args(value, path=()):
-    """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
-    if isinstance(value, (tuple, list)):
-        return [item for i, v in enumerate(value) for item in flatten_args(v, path + (i,))]
-    if isinstance(value, Mapping):
-        return [item for k, v in value.items() for item in flatten_args(v, path + (k,))]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [item for f in dataclasses.fields(value)
-                for item in flatten_args(getattr(value, f.name), path + (f.name,))]
-    return [(path, value)]
-
-
 class Recorder:
     """Runs ``root`` on the example inputs with the mode and the hooks installed."""
 
@@ -58,6 +45,7 @@ class Recorder:
         self.lookup, self.canonical, self.refused = lookup, canonical, refused
         self.stack: list[Frame] = []
         self.busy = False
+        self.hidden = False  # torch's own batched run of a torch.vmap call: module calls inside are not recorded
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
         self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
@@ -85,11 +73,15 @@ class Recorder:
     # ---- module calls
     def pre(self, module, args, kwargs):
         """Forward pre-hook: open a frame for ``module``'s call (quietly, as the hooks record nothing of their own)."""
+        if self.hidden:
+            return
         with _quiet(self):
             self._pre(module, args, kwargs)
 
     def post(self, module, args, kwargs, output):
         """Forward hook: close ``module``'s frame and record its output."""
+        if self.hidden:
+            return output
         with _quiet(self):
             return self._post(module, args, kwargs, output)
 
@@ -191,6 +183,8 @@ class Recorder:
                     self.problem(frame, f"the model's own check fails on the example inputs: {type(e).__name__}: "
                                         f"{e}; convert with inputs the model accepts", name)
             return None
+        if name == "Tensor.__setitem__" and _bool_mask_set(args):  # written as ops.masked_set, not .at[mask]
+            name = short = "Tensor.__setitem__(bool mask)"
         refusal = _data_dependent_index(name, args)
         if refusal:
             self.problem(frame, self.refused.get(refusal, "with one argument its output shape depends on the data; "
@@ -293,6 +287,18 @@ def _data_dependent_index(name, args) -> str | None:
     return None
 
 
+def _bool_mask_set(args) -> bool:
+    """``x[mask] = scalar``: one bool tensor index and a Python number or 0-d tensor."""
+    import torch
+
+    if len(args) < 3:
+        return False
+    index = args[1][0] if isinstance(args[1], tuple) and len(args[1]) == 1 else args[1]
+    value = args[2]
+    return isinstance(index, torch.Tensor) and index.dtype == torch.bool and (
+        isinstance(value, (int, float, bool)) or (isinstance(value, torch.Tensor) and value.dim() == 0))
+
+
 def _snapshot(value):
     """The lists, tuples and dicts of an argument tree copied (their tensors are not)."""
     if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
@@ -342,6 +348,9 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
             if recorder.busy or getattr(func, "__name__", None) in _PASS:
                 return _run(func, args, kwargs)
             name = canonical(func)
+            if name is None and getattr(func, "__name__", None) == "__set__" and \
+                    getattr(getattr(func, "__self__", None), "__name__", None) == "requires_grad":
+                return _run(func, args, kwargs)  # x.requires_grad = True: every JAX value can be differentiated
             if name == "Tensor.__iter__":  # iterating a tensor is unbinding its first axis
                 return iter(recorder.call(torch.Tensor.unbind, args[:1], {}))
             if name in ("Tensor.__bool__", "Tensor.item", "Tensor.tolist", "Tensor.__int__", "Tensor.__float__",
@@ -373,7 +382,7 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
 
     previous = sys.gettrace()
     vmaps = torch.vmap, torch.func.vmap
-    torch.vmap = torch.func.vmap = _refused_vmap(recorder, torch.func.vmap)
+    torch.vmap = torch.func.vmap = recording_vmap(recorder, torch.func.vmap)
     is_compiling = torch.compiler.is_compiling
     if _ANSWER_COMPILING:  # libraries then skip their branches on tensor values (docs/design.md)
         torch.compiler.is_compiling = _compiling

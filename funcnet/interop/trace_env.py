@@ -1,14 +1,12 @@
 """What the recorder (``interop/trace.py``) answers torch and libraries while a forward runs, and
-how what the forward raises is told: ``torch.compiler.is_compiling()``, ``torch.vmap``, the
-recorder's own quiet calls, and the ``ConversionError`` for an exception of the model or of
+how what the forward raises is told: ``torch.compiler.is_compiling()``, the recorder's own
+quiet calls (``torch.vmap`` is recorded by funcnet/interop/trace_vmap.py), and the ``ConversionError`` for an exception of the model or of
 funcnet."""
 
 from __future__ import annotations
 
 import os
 
-from funcnet.interop.frame import user_line
-from funcnet.interop.graph import Node
 
 _FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
 
@@ -45,30 +43,6 @@ def _run(func, args, kwargs):
 
 def _compiling() -> bool:
     return True
-
-
-def _refused_vmap(recorder, vmap):
-    """``torch.vmap`` while recording: the batched call runs (its tensors have no storage, so the
-    recorder must not read them) and is refused with its line; its output is linked to it."""
-
-    def refused(func, *vmap_args, **vmap_kwargs):
-        batched = vmap(func, *vmap_args, **vmap_kwargs)
-
-        def call(*args, **kwargs):
-            frame = recorder.stack[-1] if recorder.stack else None
-            if frame is None or frame.silent or recorder.busy:
-                return batched(*args, **kwargs)
-            where = user_line(recorder.skip)
-            with _quiet(recorder):
-                recorder.problem(frame, "a function vectorized with torch.vmap inside the forward is not recorded; "
-                                        "write it with broadcasting over the batch axis", "torch.vmap")
-                out = batched(*args, **kwargs)
-                frame.bind(out, frame.add(Node("op", "torch.vmap", where=where)))
-            return out
-
-        return call
-
-    return refused
 
 
 def _raised(recorder, mode: str, error: Exception) -> Exception:

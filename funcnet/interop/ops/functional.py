@@ -15,7 +15,7 @@ from funcnet.nn import functional as F
 from funcnet.nn.functional.misc import drop, need_key
 
 __all__ = ["batch_norm", "instance_norm", "dropout1d", "dropout3d", "alpha_dropout", "torch_dropout",
-           "torch_embedding", "torch_batch_norm", "torch_layer_norm"]
+           "torch_embedding", "torch_batch_norm", "torch_layer_norm", "weight_norm"]
 
 _RANDOM = {"dropout", "dropout2d", "stochastic_depth", "scaled_dot_product_attention"}
 _MUTATING = {"batch_norm", "instance_norm"}
@@ -92,7 +92,17 @@ def torch_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, 
     return F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
+def weight_norm(v, g, dim=0):
+    """``torch._weight_norm(v, g, dim)``: ``v * g / ||v||``, the norm over every axis but ``dim``
+    (over all of ``v`` for ``dim=-1``), as torch.nn.utils.parametrizations.weight_norm computes the
+    weight from its ``original1`` (v) and ``original0`` (g)."""
+    v = jnp.asarray(v)
+    axes = None if dim == -1 else tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    return v * (g / jnp.sqrt(jnp.sum(v * v, axis=axes, keepdims=True)))
+
+
 def _register_table():
+    register(["torch._weight_norm"], weight_norm, lambda a, k: call("ops.weight_norm", a, k))
     for name in F.__all__:
         fn = getattr(F, name)
         if name in _MUTATING:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from funcnet.interop.ops._core import atom, call, is_array, register
 
-__all__ = ["getitem", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
+__all__ = ["aten_index", "getitem", "masked_set", "setitem", "masked_fill", "scatter", "scatter_add", "index_add", "index_copy", "index_fill",
            "fill", "zero", "copy"]
 
 _BOOL_MASK = ("indexing with a bool tensor (x[mask]) is masked_select: its output shape depends on the data, which "
@@ -35,9 +35,20 @@ def getitem(input, index):
 
 def setitem(input, index, value):
     """``x[index] = value``: torch returns None and changes ``x``; here ``(None, (new x,))``.
-    ``value`` takes x's dtype, as torch copies it in."""
+    ``value`` takes x's dtype, as torch copies it in; a bool mask with a scalar is a ``where``."""
     x = jnp.asarray(input)
+    mask = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+    if is_array(mask) and jnp.asarray(mask).dtype == jnp.bool_ and jnp.ndim(value) == 0:
+        return None, (masked_set(x, mask, value),)
     return None, (x.at[_check_index(index)].set(jnp.asarray(value).astype(x.dtype)),)
+
+
+def masked_set(input, mask, value):
+    """``x[mask] = scalar`` (Wav2Vec2's ``hidden[~mask] = 0``) as the new ``x``: the mask (over
+    ``x``'s leading axes) and not its count decides, so it is a ``where``, shape-static."""
+    x = jnp.asarray(input)
+    mask = jnp.asarray(mask).reshape(jnp.shape(mask) + (1,) * (x.ndim - jnp.ndim(mask)))
+    return jnp.where(mask, jnp.asarray(value).astype(x.dtype), x)
 
 
 def masked_fill(input, mask, value):
@@ -166,9 +177,23 @@ def _masked_fill_source(a, k):
     return call("ops.masked_fill", a, k)
 
 
+def aten_index(input, indices):
+    """``torch.ops.aten.index(x, [i, j])``: ``x[i, j]`` (torch's ``TransformGetItemToIndex`` writes
+    ``x[i, j]`` with 0-d tensor indices as this inside a vmapped function)."""
+    return getitem(input, tuple(indices))
+
+
+def _aten_index_source(a, k):
+    inner = a[1][1:-1] if a[1].startswith(("[", "(")) and a[1].endswith(("]", ")")) else f"*{a[1]}"
+    return f"{atom(a[0])}[{inner}]"
+
+
 def _register_table():
     register(["Tensor.__getitem__"], getitem, _getitem_source)
+    register(["torch.ops.aten.index"], aten_index, _aten_index_source)
     register(["Tensor.__setitem__"], setitem, _setitem_source, mutates=(0,))
+    register(["Tensor.__setitem__(bool mask)"], setitem, lambda a, k: f"(None, (ops.masked_set({a[0]}, {a[1]}, {a[2]}),))",
+             mutates=(0,))
     register(["Tensor.masked_fill", "torch.masked_fill"], masked_fill, _masked_fill_source)
     register(["Tensor.scatter", "torch.scatter"], scatter, None)
     register(["Tensor.scatter_add", "torch.scatter_add"], scatter_add, None)

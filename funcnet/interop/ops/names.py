@@ -19,6 +19,9 @@ def canonical(func) -> str | None:
     name = getattr(func, "__name__", None)
     if name is None:
         return None
+    qualified = getattr(func, "_qualified_op_name", None) or ""  # "aten::index" of torch.ops.aten.index(.Tensor)
+    if type(func).__name__ in ("OpOverloadPacket", "OpOverload") and qualified.startswith("aten::"):
+        return f"torch.ops.aten.{qualified[6:]}"  # transformers' vmapped mask reads x[i, j] as aten.index
     owner = getattr(func, "__self__", None)
     if name == "__get__" and type(owner).__name__ == "getset_descriptor":
         # an attribute read: x.shape arrives as the __get__ of the descriptor named "shape"
