@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from convert_zoo import ZOO  # noqa: E402
 
 from funcnet import interop  # noqa: E402
-from funcnet.interop.registry import _match, _registry  # noqa: E402
+from funcnet.interop.trace.registry import _match, _registry  # noqa: E402
 
 
 def _first_line(e: BaseException) -> str:

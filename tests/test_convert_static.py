@@ -154,7 +154,7 @@ def test_to_source_says_an_exception_of_the_model_as_convert_does():
 
 
 def test_an_internal_error_says_it_is_a_funcnet_bug(monkeypatch):
-    from funcnet.interop import modules, trace
+    from funcnet.interop.trace import modules, record as trace
 
     # a recorder helper called wrongly inside funcnet (a function of two arguments given one): a bug of ours
     monkeypatch.setattr(trace, "structure", modules._get)

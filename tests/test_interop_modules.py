@@ -174,7 +174,7 @@ def test_subclass_with_torchs_forward_converts():
 
 def test_non_default_argument_funcnet_lacks_is_refused():
     # an argument the funcnet layer does not take is refused unless it has torch's default value
-    from funcnet.interop.modules import _Row, _layer
+    from funcnet.interop.trace.modules import _Row, _layer
 
     problems = []
     row = _Row("Linear", "Identity")  # deliberately wrong pairing: Identity() takes none of Linear's arguments

@@ -206,7 +206,7 @@ SCHEDULERS = {
 def test_float32_schedules_follow_torchs_lr_for_1000_steps(name):
     # torch's own group["lr"] after each scheduler.step() (Python floats) is the oracle; the
     # converted schedule runs in float32 (x64 off) for both param groups
-    from funcnet.interop.schedules import schedules
+    from funcnet.interop.optim.schedules import schedules
 
     w, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
     opt = torch.optim.SGD([{"params": [w]}, {"params": [b], "lr": 0.4}], lr=1.0, momentum=0.9)

@@ -23,7 +23,8 @@ from test_interop_source import _call, _load  # noqa: E402
 
 import funcnet  # noqa: E402
 from funcnet import interop  # noqa: E402
-from funcnet.interop import ConversionError, source_classes  # noqa: E402
+from funcnet.interop import ConversionError  # noqa: E402
+from funcnet.interop.source import classes as source_classes  # noqa: E402
 
 _WRITTEN: dict = {}
 

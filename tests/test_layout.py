@@ -103,3 +103,14 @@ def test_the_parallel_package_has_a_module_per_strategy():
         assert getattr(parallel, name) is getattr(parallel.data, name)
     for old in ("fsdp", "zero", "pipeline", "strategy", "tensor_parallel"):
         assert not (PACKAGE / f"{old}.py").exists(), f"funcnet/{old}.py should be gone (funcnet/parallel/)"
+
+
+def test_the_recorder_skips_the_frames_of_the_whole_library():
+    # the converter tells the user's lines from funcnet's by this folder: it must be the package's
+    # root wherever the recorder's module sits in the tree
+    import os
+
+    import funcnet
+    from funcnet.interop.trace.env import _FUNCNET_DIR
+
+    assert _FUNCNET_DIR == os.path.dirname(os.path.abspath(funcnet.__file__))

@@ -275,7 +275,7 @@ def _write(args, module, source: str) -> str:
 
     if args.weights is not None:
         # every key written as its own tensor (a tied one too), so torch's strict load_state_dict finds them all
-        from funcnet.interop.weights import _nest, _to_numpy
+        from funcnet.interop.weights.state_dict import _nest, _to_numpy
 
         tree = _nest(((k, _to_numpy(v)) for k, v in module.state_dict().items()), "funcnet port")
         interop.save_safetensors(args.weights, tree)
@@ -286,7 +286,7 @@ def _write(args, module, source: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``funcnet port``: returns the exit status."""
-    from funcnet.interop.registry import ConversionError
+    from funcnet.interop.trace.registry import ConversionError
 
     try:
         print(run(sys.argv[1:] if argv is None else argv))

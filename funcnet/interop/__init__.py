@@ -26,13 +26,13 @@ Examples:
     {'weight': (2, 3), 'bias': (2,)}
 """
 
-from funcnet.interop.files import load_safetensors, save_safetensors
+from funcnet.interop.weights.files import load_safetensors, save_safetensors
 from funcnet.interop.hf import from_pretrained, generate_greedy
-from funcnet.interop.modules import convert
-from funcnet.interop.optim import convert_optimizer
-from funcnet.interop.registry import SUPPORTED_MODULES, ConversionError
-from funcnet.interop.source import to_source
-from funcnet.interop.weights import from_torch, from_torch_with_state, to_torch
+from funcnet.interop.trace.modules import convert
+from funcnet.interop.optim.convert import convert_optimizer
+from funcnet.interop.trace.registry import SUPPORTED_MODULES, ConversionError
+from funcnet.interop.source.write import to_source
+from funcnet.interop.weights.state_dict import from_torch, from_torch_with_state, to_torch
 
 __all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "to_source", "save_safetensors",
            "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer", "from_pretrained",

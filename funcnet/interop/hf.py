@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import nn
-from funcnet.interop.registry import ConversionError
+from funcnet.interop.trace.registry import ConversionError
 
 
 def from_pretrained(path: str | os.PathLike, example_inputs: dict | None = None, *, train: bool = False):
@@ -26,7 +26,7 @@ def from_pretrained(path: str | os.PathLike, example_inputs: dict | None = None,
     on a small input read off the config: ``input_ids`` with an ``attention_mask`` for text,
     ``pixel_values`` for images. ``train=False`` (the default) traces eval mode alone.
     """
-    from funcnet.interop.modules import convert
+    from funcnet.interop.trace.modules import convert
 
     path = os.fspath(path)
     config_file = os.path.join(path, "config.json")

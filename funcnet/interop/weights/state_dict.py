@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from funcnet.interop.registry import _check_module
+from funcnet.interop.trace.registry import _check_module
 from funcnet.nn.module import Tied
 from funcnet.state import _BUFFER_NAMES
 from funcnet.state import state_dict as _state_dict

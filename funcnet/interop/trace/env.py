@@ -1,6 +1,6 @@
-"""What the recorder (``interop/trace.py``) answers torch and libraries while a forward runs, and
+"""What the recorder (``interop/trace/record.py``) answers torch and libraries while a forward runs, and
 how what the forward raises is told: ``torch.compiler.is_compiling()``, the recorder's own
-quiet calls (``torch.vmap`` is recorded by funcnet/interop/trace_vmap.py), and the ``ConversionError`` for an exception of the model or of
+quiet calls (``torch.vmap`` is recorded by funcnet/interop/trace/vmap.py), and the ``ConversionError`` for an exception of the model or of
 funcnet."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 
-_FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # funcnet/
+_FUNCNET_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # funcnet/
 
 
 class _quiet:
@@ -48,7 +48,7 @@ def _compiling() -> bool:
 def _raised(recorder, mode: str, error: Exception) -> Exception:
     """The ``ConversionError`` for an exception raised while the forward ran: the model's own (its
     module path, mode and line, and what to do), or the recorder's (a funcnet bug, to report)."""
-    from funcnet.interop.registry import ConversionError
+    from funcnet.interop.trace.registry import ConversionError
 
     if isinstance(error, ConversionError):
         return error

@@ -7,6 +7,7 @@ constructor arguments read off the torch module (the registry's rows).
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from funcnet import nn
-from funcnet.interop.registry import (
+from funcnet.interop.trace.registry import (
     _IGNORED,
     ConversionError,
     _container_base,
@@ -23,7 +24,8 @@ from funcnet.interop.registry import (
     _registry,
     _Row,
 )
-from funcnet.interop.weights import _to_jax, from_torch_with_state
+from funcnet.interop.weights import state_dict as _weights
+from funcnet.interop.weights.state_dict import _to_jax, from_torch_with_state
 from funcnet.nn.module import Module, Tied
 from funcnet.state import state_dict as _state_dict
 from funcnet.state import tied_keys
@@ -113,7 +115,7 @@ def _recorded(module, path: str, registry, problems: list, recording) -> Module 
     """A module whose forward is Python code, as an ``nn.Composite`` replaying its recording:
     its own parameters and buffers as ``nn.Parameter``/``nn.Buffer``, its children converted."""
     from funcnet.interop import ops
-    from funcnet.interop.replay import forward_of, unrecorded_forward
+    from funcnet.interop.trace.replay import forward_of, unrecorded_forward
 
     name = type(module).__name__
     kids = {}
@@ -142,7 +144,7 @@ def _recorded(module, path: str, registry, problems: list, recording) -> Module 
 def _modes(graphs: dict) -> dict:
     """``{"both": [...]}`` where each train graph merges with its eval graph (they differ only
     by ``self.training`` flags), else the recorded ``{"train": [...], "eval": [...]}``."""
-    from funcnet.interop.graph import merge_modes
+    from funcnet.interop.trace.graph import merge_modes
 
     train, evaluation = graphs.get("train", []), graphs.get("eval", [])
     merged = [merge_modes(a, b) for a, b in zip(train, evaluation)] if len(train) == len(evaluation) else [None]
@@ -200,7 +202,7 @@ def _is_walked_container(module) -> bool:
 
 def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
     from funcnet.interop import ops
-    from funcnet.interop.trace import record
+    from funcnet.interop.trace.record import record
 
     recording = record(module, args, kwargs, is_leaf=lambda m: _is_leaf(m, registry),
                        is_container=_is_walked_container, lookup=ops.lookup, canonical=ops.canonical,
@@ -276,16 +278,17 @@ def convert(module: Any, *example_inputs, train: bool = True, **example_kwargs) 
     except Exception as e:  # noqa: BLE001 - every failure is said as a ConversionError
         if getattr(e, "funcnet_conversion", None) is not None:  # the torch forward raised while tracing
             raise e.funcnet_conversion from e
-        if isinstance(e, (TypeError, ValueError)) and _raised_in(e, "weights.py"):
+        if isinstance(e, (TypeError, ValueError)) and _raised_in(e, _weights.__file__):
             raise  # from_torch's checks of the tensors (meta, sparse): clear, kept as they are
         raise _internal(e) from e  # anything else is ours, said as such
 
 
 def _raised_in(error: Exception, filename: str) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is in the file ``filename``."""
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.endswith(filename)
+    return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(filename)
 
 
 def _internal(e: Exception) -> ConversionError:

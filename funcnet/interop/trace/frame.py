@@ -12,8 +12,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from funcnet.interop.graph import Node, Ref, Slice
-from funcnet.interop.weights import _to_numpy
+from funcnet.interop.trace.graph import Node, Ref, Slice
+from funcnet.interop.weights.state_dict import _to_numpy
 
 
 def user_line(skip_dirs: tuple[str, ...]) -> str:

@@ -18,8 +18,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from funcnet.interop.frame import Frame, flatten_args, user_line
-from funcnet.interop.graph import Graph, Node, structure
+from funcnet.interop.trace.frame import Frame, flatten_args, user_line
+from funcnet.interop.trace.graph import Graph, Node, structure
 
 __all__ = ["CAPTURED", "VmapBody", "recording_vmap", "replay_vmap", "vmap_call", "vmap_def", "vmap_dims"]
 
@@ -87,7 +87,7 @@ def _names(func, count: int) -> tuple:
 def recording_vmap(recorder, vmap):
     """``torch.vmap`` while ``recorder`` runs: a call inside a recorded frame runs torch's vmap
     for the value and records the body once (see the module docstring)."""
-    from funcnet.interop.trace_env import _quiet
+    from funcnet.interop.trace.env import _quiet
 
     sig = inspect.signature(vmap)
 
@@ -133,7 +133,7 @@ def _record_body(recorder, frame: Frame, func, args, kwargs, in_dims, out_dims) 
     """``func`` recorded on unbatched examples in a frame of its own, on top of ``frame``."""
     import torch
 
-    from funcnet.interop.trace_env import _quiet
+    from funcnet.interop.trace.env import _quiet
 
     names = _names(func, len(args))
     with _quiet(recorder):

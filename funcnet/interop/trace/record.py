@@ -20,10 +20,10 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.frame import Dim, Frame, flatten_args, user_line
-from funcnet.interop.graph import Graph, Node, Ref, structure
-from funcnet.interop.trace_env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
-from funcnet.interop.trace_vmap import recording_vmap
+from funcnet.interop.trace.frame import Dim, Frame, flatten_args, user_line
+from funcnet.interop.trace.graph import Graph, Node, Ref, structure
+from funcnet.interop.trace.env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
+from funcnet.interop.trace.vmap import recording_vmap
 
 
 

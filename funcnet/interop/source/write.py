@@ -1,15 +1,15 @@
 """``to_source(module, *example_inputs) -> str``: a torch model written out as funcnet.nn source.
 
-The model is recorded as ``convert`` records it (funcnet/interop/trace.py), then written the
+The model is recorded as ``convert`` records it (funcnet/interop/trace/record.py), then written the
 way a person ports it by hand: one function per torch class, named like it, returning
 ``nn.Composite(forward, child=..., ...)`` with the children in torch's order (own parameters
 as ``nn.Parameter``, own buffers as ``nn.Buffer``, leaf layers as their constructor call with
 the arguments that differ from the defaults, containers as ``nn.Sequential``/``ModuleList``/
-``ModuleDict``), and a ``forward`` that reads like torch's (funcnet/interop/source_forward.py).
+``ModuleDict``), and a ``forward`` that reads like torch's (funcnet/interop/source/forward.py).
 
 A class used several times is one function: what differs between its instances (a channel
 count, a stride, an optional child) becomes an argument, with each instance's values at its
-call site (funcnet/interop/source_classes.py). Parameters start as zeros: the values come from
+call site (funcnet/interop/source/classes.py). Parameters start as zeros: the values come from
 torch's state_dict (``funcnet.load_state_dict``) or a safetensors file.
 """
 
@@ -18,17 +18,17 @@ from __future__ import annotations
 import inspect
 import os
 
-from funcnet.interop.registry import ConversionError, _container_base, _match, _own_tensors, _registry
-from funcnet.interop.source_classes import ClassWriter
-from funcnet.interop.source_forward import Context
-from funcnet.interop.source_modes import body, signature
-from funcnet.interop.source_specs import _COMPOSITE_ARGS, Container, Leaf, TensorSpec, render
+from funcnet.interop.trace.registry import ConversionError, _container_base, _match, _own_tensors, _registry
+from funcnet.interop.source.classes import ClassWriter
+from funcnet.interop.source.forward import Context
+from funcnet.interop.source.modes import body, signature
+from funcnet.interop.source.specs import _COMPOSITE_ARGS, Container, Leaf, TensorSpec, render
 
 WIDTH = 120
 
 
 def _modes(recording, module):
-    from funcnet.interop.modules import _modes
+    from funcnet.interop.trace.modules import _modes
 
     graphs = recording.graphs.get(id(module)) if recording is not None else None
     return _modes(graphs) if graphs else None
@@ -56,7 +56,7 @@ class _Writer:
     def _spec(self, module, path: str):
         from torch import nn as tnn
 
-        from funcnet.interop.modules import _layer_args
+        from funcnet.interop.trace.modules import _layer_args
 
         base, row = _match(module, self.registry)
         if row is not None and type(module).forward is base.forward:
@@ -216,7 +216,7 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
     """
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
         raise TypeError(f"to_source: expected a torch.nn.Module, got {type(module).__name__}")
-    from funcnet.interop.modules import _build, _trace
+    from funcnet.interop.trace.modules import _build, _trace
 
     registry = _registry()
     problems = _name_clashes(module, registry)

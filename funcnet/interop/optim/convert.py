@@ -1,6 +1,6 @@
 """``convert_optimizer``: a torch optimizer (and its lr scheduler) as one optax transformation.
 
-The update rules are in ``optim_rules`` and the schedules in ``schedules``; this file reads
+The update rules are in ``optim.rules`` and the schedules in ``optim.schedules``; this file reads
 torch's param groups, maps them onto the params tree by torch's parameter names, and checks
 what cannot be converted before anything runs. torch is never imported here: the optimizer
 and scheduler arrive as objects and are read through their attributes.
@@ -13,8 +13,8 @@ from typing import Any
 import jax
 import optax
 
-from funcnet.interop import optim_rules as rules
-from funcnet.interop.schedules import schedules
+from funcnet.interop.optim import rules
+from funcnet.interop.optim.schedules import schedules
 
 SUPPORTED_OPTIMIZERS = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam")
 _NOT_UPDATED = "not in the optimizer"

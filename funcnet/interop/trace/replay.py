@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from funcnet.interop.graph import Graph, Ref, Slice, Training
-from funcnet.interop.trace_vmap import replay_vmap
+from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
+from funcnet.interop.trace.vmap import replay_vmap
 
 _DIM_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
             "mod": operator.mod}

@@ -8,9 +8,9 @@ import ast
 import io
 import tokenize
 
-from funcnet.interop.graph import Graph
-from funcnet.interop.source_forward import Context, graph_body
-from funcnet.interop.source_text import atom, index, literal
+from funcnet.interop.trace.graph import Graph
+from funcnet.interop.source.forward import Context, graph_body
+from funcnet.interop.source.text import atom, index, literal
 
 
 def _indent(stmts: list) -> list:

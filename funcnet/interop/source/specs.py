@@ -11,7 +11,7 @@ import inspect
 import numpy as np
 
 from funcnet import nn
-from funcnet.interop.source_text import is_name, literal
+from funcnet.interop.source.text import is_name, literal
 
 _TUPLE_ARGS = {"kernel_size", "stride", "padding", "dilation", "output_padding", "output_size", "scale_factor",
                "normalized_shape"}

@@ -18,9 +18,9 @@ import inspect
 from collections import Counter
 
 from funcnet import nn
-from funcnet.interop.source_forward import RESERVED
-from funcnet.interop.source_modes import branch, masked, parameterized
-from funcnet.interop.source_specs import (
+from funcnet.interop.source.forward import RESERVED
+from funcnet.interop.source.modes import branch, masked, parameterized
+from funcnet.interop.source.specs import (
     _NO_DEFAULT,
     Arg,
     Call,
@@ -36,7 +36,7 @@ from funcnet.interop.source_specs import (
     _same,
     keyword_parts,
 )
-from funcnet.interop.source_text import child_expr, literal
+from funcnet.interop.source.text import child_expr, literal
 
 
 class ClassWriter:

@@ -1,7 +1,7 @@
 """A recorded forward as Python source: the body of a generated composite's ``forward``.
 
 ``body(graphs, ctx)`` writes the statements of a ``forward`` from the module's recorded
-graphs (see funcnet/interop/graph.py): the user's variable names where the recording kept
+graphs (see funcnet/interop/trace/graph.py): the user's variable names where the recording kept
 them, single-use values inlined into the expression that uses them, no dead code, children
 as ``self.conv1(x)``, descendants' tensors as ``self.wte.params["weight"]``, every torch call
 through the op table's own rendering (``Op.render``), a chain of calls over every entry of a
@@ -22,10 +22,10 @@ import re
 from typing import Callable
 
 
-from funcnet.interop.graph import Graph, Ref, Slice, Training
-from funcnet.interop.source_text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
+from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
+from funcnet.interop.source.text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
                                          is_name, literal, own_expr)
-from funcnet.interop.trace_vmap import vmap_call, vmap_def
+from funcnet.interop.trace.vmap import vmap_call, vmap_def
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 # names the generated module uses itself, and names ruff refuses (E741)

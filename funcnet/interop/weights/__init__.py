@@ -1,0 +1,2 @@
+"""Weights: torch tensors <-> funcnet params and state (``state_dict``), and safetensors files
+without torch (``files``)."""
