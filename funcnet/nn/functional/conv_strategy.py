@@ -7,6 +7,8 @@ dimension labels and a reversed kernel and runs 10-50x slower than torch. The sa
 convolution as zero padding, one strided slice per kernel tap and one ``dot_general`` over
 (channels, taps) takes a matrix multiply's time. Taps that only ever meet padding are dropped
 first (a 3x3 kernel with padding 1 on a 1x1 input is a 1x1 kernel: a plain matrix multiply).
+A depthwise convolution with one output per channel (``_depthwise``) has its own gradients:
+the input gradient as a forward tap sum, the weight gradient banded on narrow inputs.
 The rule (``choose``) and the measurements behind it are in docs/design.md, "Convolution
 strategy".
 
