@@ -1,6 +1,6 @@
 """Convolutions on the CPU: funcnet against torch eager and XLA's own convolution, by shape and in whole models.
 
-    python benchmarks/conv.py [--single-thread] [--quick] [--part sweep|models|all] [--json out.json]
+    python benchmarks/conv.py [--single-thread] [--cpu-time] [--quick] [--part sweep|models|all] [--json out.json]
 
 1. The sweep: one convolution per row (spatial 1-56, channels 3-512, kernel 1/3/7, stride 1/2,
    groups 1 and depthwise, batch 1-64), forward and a train step (input and weight gradients),
@@ -43,14 +43,18 @@ SWEEP = [
 QUICK_SWEEP = [(2, 8, 8, 2, 3, 1, 1), (2, 8, 8, 8, 3, 1, 1), (2, 8, 8, 6, 3, 2, "dw")]
 
 
+CLOCK = [time.perf_counter]  # --cpu-time: time.process_time, this process's CPU time
+
+
 def _timer(fn, reps):
     def run():
         _block(fn())  # the previous call's work is done before the clock starts
-        start = time.perf_counter()
+        clock = CLOCK[0]
+        start = clock()
         for _ in range(reps):
             out = fn()
         _block(out)
-        return (time.perf_counter() - start) / reps * 1e3
+        return (clock() - start) / reps * 1e3
     return run
 
 
@@ -125,7 +129,7 @@ def sweep_row(shape, rounds, reps):
                       rounds, reps)
     step = interleaved({"funcnet": lambda: ours_s(x, w, g), "lax.conv": lambda: lax_s(x, w, g),
                         "torch": torch_step}, rounds, reps)
-    return {"shape": dict(batch=n, cin=c, cout=o, spatial=s, kernel=k, stride=stride, groups=groups),
+    return {"shape": {"batch": n, "cin": c, "cout": o, "spatial": s, "kernel": k, "stride": stride, "groups": groups},
             "forward_ms": fwd, "train_ms": step, "max_abs_err": err, "ok": bool(ok)}
 
 
@@ -161,7 +165,12 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", nargs="+", type=int, default=None, help="only these rows of the sweep (0-based)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (minutes per model)")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this process's CPU time, not wall time: steadier on a busy machine (with "
+                             "--single-thread both frameworks do the same work on one thread either way)")
     args = parser.parse_args(argv)
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
     if args.single_thread:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     import jax
@@ -174,8 +183,9 @@ def main(argv=None) -> int:
     rounds, reps = (1, 1) if args.quick else (args.rounds, 3)
     load = os.getloadavg()
     console.print(f"backend {jax.default_backend()}, torch {torch.__version__}, jax {jax.__version__}, "
-                  f"single-thread {args.single_thread}, load average {load[0]:.1f}")
-    result = {"load_before": load, "single_thread": args.single_thread, "backend": jax.default_backend()}
+                  f"single-thread {args.single_thread}, "
+                  f"{'CPU' if args.cpu_time else 'wall'} time, load average {load[0]:.1f}")
+    result = {"load_before": load, "single_thread": args.single_thread, "cpu_time": args.cpu_time, "backend": jax.default_backend()}
     failed = False
     if args.part in ("sweep", "all"):
         shapes = QUICK_SWEEP if args.quick else SWEEP

@@ -11,7 +11,7 @@ import torch
 from torch import nn as tnn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from port_resnet import TorchBasicBlock  # noqa: E402  (torchvision's block, written once in the example)
+from port_resnet import TorchBasicBlock
 
 
 def torch_resnet18(widths=(64, 128, 256, 512), num_classes=10):
@@ -102,7 +102,7 @@ MODELS = {
     "convnext": (torch_convnext, None),
     "mobilenetv3": (torch_mobilenetv3, None),
 }
-QUICK = {"resnet18": dict(widths=(4, 8, 8, 8)), "convnext": dict(dims=(4, 8, 8, 8), depths=(1, 1, 1, 1))}
+QUICK = {"resnet18": {"widths": (4, 8, 8, 8)}, "convnext": {"dims": (4, 8, 8, 8), "depths": (1, 1, 1, 1)}}
 
 
 def _funcnet_runners(model, params, model_state, x, y):
@@ -156,13 +156,14 @@ def run_models(args, rounds, console, interleaved):
 
     names = args.models or (list(QUICK) if args.quick else list(MODELS))
     sizes, batches = ([32], [2]) if args.quick else (args.sizes, args.batches)
-    if args.compile and not args.quick:
-        console.print("torch.compile: timed (Inductor compiles each model and mode first)")
-    else:
-        console.print("torch.compile: not timed (" + ("--quick" if args.quick else "pass --compile") + ")")
+    why_not = compile_unavailable() if args.compile and not args.quick else (
+        "--quick" if args.quick else "pass --compile")
+    console.print("torch.compile: " + ("timed (Inductor compiles each model and mode first)" if why_not is None
+                                       else f"not timed ({why_not})"))
     rows = []
-    console.print(f"{'model':<34} {'forward ms: funcnet':>20} {'torch':>8} {'torch/ours':>10} | "
-                  f"{'train ms: funcnet':>18} {'torch':>8} {'torch/ours':>10}   (torch/ours >= 1: funcnet as fast)")
+    console.print(f"{'model':<34} {'forward ms: funcnet':>20} {'torch':>8} {'compile':>8} {'torch/ours':>10} "
+                  f"{'compile/ours':>12} | {'train ms: funcnet':>18} {'torch':>8} {'compile':>8} {'torch/ours':>10} "
+                  f"{'compile/ours':>12}   (x/ours >= 1: funcnet as fast)")
     for name in names:
         make_torch, make_ours = MODELS[name]
         for size in sizes:
@@ -191,7 +192,7 @@ def run_models(args, rounds, console, interleaved):
                     tf, ts = _torch_runners(copy.deepcopy(module), x, y, compiled=False)
                     runners_f = {"funcnet": fwd, "torch": tf}
                     runners_t = {"funcnet": step, "torch": ts}
-                    if args.compile and not args.quick:
+                    if why_not is None:
                         cf, cs = _torch_runners(copy.deepcopy(module), x, y, compiled=True)
                         runners_f["torch.compile"], runners_t["torch.compile"] = cf, cs
                     f = interleaved(runners_f, rounds, 1)
@@ -199,11 +200,30 @@ def run_models(args, rounds, console, interleaved):
                     row = {"model": name, "variant": how, "size": size, "batch": batch, "forward_ms": f,
                            "train_ms": t, "rel_err": err, "ok": err < 1e-3}
                     rows.append(row)
+                    if why_not is not None:
+                        row["torch_compile"] = f"not timed: {why_not}"
                     label = f"{name} {how} {size}px b{batch}" + ("" if row["ok"] else " WRONG")
-                    extra = ""
-                    if "torch.compile" in f:
-                        extra = f"  torch.compile fwd {f['torch.compile']:.1f} train {t['torch.compile']:.1f} ms"
-                    console.print(f"{label:<34} {f['funcnet']:>20.1f} {f['torch']:>8.1f} "
-                                  f"{f['torch'] / f['funcnet']:>10.2f} | {t['funcnet']:>18.1f} {t['torch']:>8.1f} "
-                                  f"{t['torch'] / t['funcnet']:>10.2f}{extra}")
+
+                    def cols(d, width):
+                        c = d.get("torch.compile")
+                        return (f"{d['funcnet']:>{width}.1f} {d['torch']:>8.1f} "
+                                + (f"{c:>8.1f}" if c else f"{'-':>8}") + f" {d['torch'] / d['funcnet']:>10.2f} "
+                                + (f"{c / d['funcnet']:>12.2f}" if c else f"{'-':>12}"))
+                    console.print(f"{label:<34} {cols(f, 20)} | {cols(t, 18)}")
+    if why_not is not None:
+        console.print(f"torch.compile columns '-': {why_not}")
     return rows
+
+
+def compile_unavailable():
+    """Why torch.compile cannot run here (None when it can): Inductor on the CPU builds C++."""
+    import shutil
+
+    from torch._inductor import config
+
+    cxx = config.cpp.cxx[-1] if isinstance(config.cpp.cxx, tuple) else config.cpp.cxx
+    for name in ([cxx] if cxx else []) + ["g++", "c++", "clang++"]:
+        if name and shutil.which(name):
+            return None
+    return ("no C++ compiler on PATH (Inductor's CPU backend compiles C++; e.g. apt-get install -y g++), "
+            "torch.compile not run")

@@ -54,6 +54,11 @@ TABLE = [
     ("2d-kernel-over-1x1", "Conv2d", (4, 5, 3), dict(padding=1), (2, 4, 1, 1)),
     ("2d-kernel-over-2x2-stride3", "Conv2d", (4, 6, (5, 3)), dict(stride=3, padding=2, groups=2), (2, 4, 2, 2)),
     ("2d-depthwise-x2-stride2", "Conv2d", (3, 6, 3), dict(stride=2, padding=1, groups=3), (2, 3, 5, 6)),
+    # depthwise with one output per channel: its own input gradient (a tap sum over the dilated
+    # output gradient), and at stride 1 over a narrow input the banded weight gradient
+    ("2d-depthwise-stride2-dilation2", "Conv2d", (3, 3, 3), dict(stride=2, padding=2, dilation=2, groups=3),
+     (2, 3, 7, 6)),
+    ("2d-depthwise-k5-over-4x3", "Conv2d", (3, 3, 5), dict(padding=(2, 1), groups=3, bias=False), (2, 3, 4, 3)),
     ("3d-1x1x1", "Conv3d", (3, 4, 1), {}, (2, 3, 2, 3, 2)),
     ("T2d-stride1-small", "ConvTranspose2d", (4, 3, 3), dict(padding=1), (2, 4, 2, 2)),
 ]
@@ -84,8 +89,36 @@ def _depthwise(row):
     return kwargs.get("groups", 1) == args[0] > 1 and "Transpose" not in row[1]
 
 
-# "taps" is for depthwise convolutions (others fall back to im2col): it runs on those rows only
-STRATEGY_ROWS = [(row, how) for row in TABLE for how in ("xla", "im2col", "taps") if how != "taps" or _depthwise(row)]
+def _apply(layer, shape):
+    # shapes only: the checks run at trace time, nothing is compiled
+    params = jax.eval_shape(layer.init, jax.random.key(0))
+    return jax.eval_shape(layer.apply, params, jax.ShapeDtypeStruct(shape, jnp.float32))
+
+
+def _auto_pick(row):
+    """The strategy the rule picks for the row's convolution (traced for shapes only), which
+    test_conv_equals_torch runs already: its forced row would run the same program again."""
+    from funcnet.nn.functional import conv_strategy
+
+    picks, choose = [], conv_strategy.choose
+
+    def record(*args):
+        picks.append(choose(*args))
+        return picks[-1]
+
+    conv_strategy.choose = record
+    try:
+        _apply(_pair(row)[0], row[-1])
+    finally:
+        conv_strategy.choose = choose
+    (pick,) = {"im2col" if p == "taps" and not _depthwise(row) else p for p in picks}
+    return pick
+
+
+# "taps" is for depthwise convolutions (others fall back to im2col): it runs on those rows only;
+# each row runs every strategy but the one the rule picks for it (test_conv_equals_torch runs that)
+STRATEGY_ROWS = [(row, how) for row in TABLE for how in ("xla", "im2col", "taps")
+                 if (how != "taps" or _depthwise(row)) and how != _auto_pick(row)]
 
 
 @pytest.mark.parametrize("row,how", STRATEGY_ROWS, ids=[f"{row[0]}-{how}" for row, how in STRATEGY_ROWS])
@@ -113,6 +146,8 @@ def _conv_ops(fn, *args):
     ((64, 64, 8, 8), 3, 1, 1, "xla"),  # 64 positions, 576 products each
     ((2, 16, 32, 32), 3, 1, 1, "xla"),  # 1024 output positions
     ((8, 16, 4, 4), 3, 1, 1, "xla"),  # 16 positions of 144 products (benchmarks/models.py's conv net)
+    ((8, 3, 32, 32), 3, 1, 1, "im2col"),  # 27 products per output: a first layer
+    ((8, 3, 32, 32), 7, 2, 1, "xla"),  # 147 products: a 7x7 stem keeps XLA's
     ((2, 16, 32, 32), 7, 2, 16, "taps"),  # depthwise
 ])
 def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel, stride, groups, how):
@@ -131,6 +166,29 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
     assert (ops == 0) == (how != "xla"), ops
     with strategy("xla"):
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
+
+
+def test_depthwise_gradients_equal_autodiff_of_xla_in_both_modes():
+    """The depthwise convolution's own gradients (input: a forward tap sum; weight: banded at
+    this width) against plain autodiff of XLA's convolution, float64: reverse mode, and
+    forward mode through the custom_jvp's linear calls."""
+    from funcnet.nn.functional import conv2d
+
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 4, 5, 6)), rng.standard_normal((4, 1, 3, 5))
+    tx, tw, g = rng.standard_normal(x.shape), rng.standard_normal(w.shape), rng.standard_normal((2, 4, 5, 6))
+
+    def conv(how):
+        def f(x, w):
+            with strategy(how):
+                return conv2d(x, w, None, 1, (1, 2), 1, 4)
+        return f
+
+    with jax.enable_x64(True):
+        ours, plain = conv("auto"), conv("xla")
+        for f in (lambda f: jax.vjp(f, x, w)[1](g), lambda f: jax.jvp(f, (x, w), (tx, tw))[1]):
+            for a, b in zip(jax.tree.leaves(f(ours)), jax.tree.leaves(f(plain))):
+                np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_unknown_strategy_is_refused():
@@ -210,12 +268,6 @@ ERRORS = [
 def test_bad_constructor_arguments_fail_at_build_time(build, message):
     with pytest.raises(ValueError, match=message):
         build()
-
-
-def _apply(layer, shape):
-    # shapes only: the checks run at trace time, nothing is compiled
-    params = jax.eval_shape(layer.init, jax.random.key(0))
-    return jax.eval_shape(layer.apply, params, jax.ShapeDtypeStruct(shape, jnp.float32))
 
 
 def test_bad_inputs_fail_with_the_expected_shape():

@@ -7,6 +7,8 @@ dimension labels and a reversed kernel and runs 10-50x slower than torch. The sa
 convolution as zero padding, one strided slice per kernel tap and one ``dot_general`` over
 (channels, taps) takes a matrix multiply's time. Taps that only ever meet padding are dropped
 first (a 3x3 kernel with padding 1 on a 1x1 input is a 1x1 kernel: a plain matrix multiply).
+A depthwise convolution with one output per channel (``_depthwise``) has its own gradients:
+the input gradient as a forward tap sum, the weight gradient banded on narrow inputs.
 The rule (``choose``) and the measurements behind it are in docs/design.md, "Convolution
 strategy".
 
@@ -17,6 +19,7 @@ is traced: a jitted function keeps the strategy it was traced with).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
@@ -29,6 +32,9 @@ _SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
 # least this many products (see docs/design.md)
 SMALL_OUTPUT = 64
 LONG_CONTRACTION = 1024
+# im2col too when each output sums at most this many products (1-3 input channels, a 3x3
+# kernel: a network's first layer), where XLA:CPU's convolution is 3-9x torch's forward time
+SHORT_CONTRACTION = 32
 
 
 @contextlib.contextmanager
@@ -57,7 +63,8 @@ def _taps(size: int, lo: int, lhs_dilation: int, out: int, stride: int, dilation
 def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int) -> str:
     """The strategy for one convolution from its static shapes (docs/design.md has the table):
     im2col where XLA:CPU's convolution is slow (a kernel that spans the whole input, taps that
-    only meet padding, or few output positions per image with a long contraction) and on a
+    only meet padding, a contraction of at most 32 products, or few output positions per image
+    with a long contraction) and on a
     single tap (a matrix multiply); a sum over taps for depthwise; XLA elsewhere.
     ``contraction``: input channels per group times taps. Accelerators always get XLA's
     convolution (cuDNN has no such cliff)."""
@@ -73,7 +80,8 @@ def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, con
         return "im2col"
     cropped = any(len(t) < k for t, k in zip(taps, kernel))
     spans = all(k >= s for k, s in zip(kernel, in_sizes))
-    if cropped or spans or (math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION):
+    if cropped or spans or contraction <= SHORT_CONTRACTION or (
+            math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION):
         return "im2col"
     return "xla"
 
@@ -99,6 +107,8 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
             rhs_dilation=tuple(rhs_dilation), dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial),
             feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
     if how == "taps":
+        if w.shape[0] == x.shape[1] and all(d == 1 for d in lhs_dilation):
+            return _depthwise(x, w, tuple(stride), tuple(pads), tuple(rhs_dilation))
         return _taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps)
     return _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps)
 
@@ -132,6 +142,88 @@ def _taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
         term = col[:, :, None] * w[None, :, :, t].reshape(1, channels, -1, *(1,) * n)
         y = term if y is None else y + term
     return y.reshape(x.shape[0], -1, *out)
+
+
+def _depthwise_plan(x_shape, kernel, stride, pads, rhs_dilation):
+    out = tuple((s + lo + hi - d * (k - 1) - 1) // st + 1
+                for s, (lo, hi), d, k, st in zip(x_shape[2:], pads, rhs_dilation, kernel, stride))
+    taps = tuple(_taps(s, lo, 1, o, st, d, k)
+                 for s, (lo, _), o, st, d, k in zip(x_shape[2:], pads, out, stride, rhs_dilation, kernel))
+    return out, taps
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+def _depthwise(x, w, stride, pads, rhs_dilation):
+    """A depthwise convolution (``w`` ``(C, 1, *kernel)``) as a tap sum, whose input gradient is
+    a tap sum too: the transposed convolution written as a forward one (the output gradient
+    dilated by the stride, padded, against the flipped kernel), one fused loop where autodiff
+    of the forward gives one pad per tap. The weight gradient is banded (``_weight_grad_banded``)
+    where that pays, autodiff's otherwise. A ``custom_jvp`` whose tangent is two linear calls
+    with these transposes: forward mode keeps working."""
+    out, taps = _depthwise_plan(x.shape, w.shape[2:], stride, pads, rhs_dilation)
+    return _taps_sum(x, w, stride, pads, (1,) * len(stride), rhs_dilation, out, taps)
+
+
+@_depthwise.defjvp
+def _depthwise_jvp(stride, pads, rhs_dilation, primals, tangents):
+    x, w = primals
+    dx, dw = tangents
+    y = _depthwise(x, w, stride, pads, rhs_dilation)
+    plain = _depthwise.fun
+    along_x = jax.custom_derivatives.linear_call(
+        lambda w, dx: plain(dx, w, stride, pads, rhs_dilation),
+        lambda w, g: _input_grad(g, w, x.shape, stride, pads, rhs_dilation), w, dx)
+    along_w = jax.custom_derivatives.linear_call(
+        lambda x, dw: plain(x, dw, stride, pads, rhs_dilation),
+        lambda x, g: _weight_grad(x, g, w, stride, pads, rhs_dilation), x, dw)
+    return y, along_x + along_w
+
+
+def _weight_grad(x, g, w, stride, pads, rhs_dilation):
+    if _banded(x.shape, w.shape, stride, pads, rhs_dilation):
+        return _weight_grad_banded(x, g, w.shape[2:], pads)
+    _, weight_vjp = jax.vjp(lambda w: _depthwise.fun(x, w, stride, pads, rhs_dilation), w)
+    return weight_vjp(g)[0]
+
+
+def _input_grad(g, w, x_shape, stride, pads, rhs_dilation):
+    # x[i] meets g[o] through tap k where o * stride + d * k = i + lo: a stride-1 correlation of
+    # g dilated by the stride, padded by d(k-1) - lo before and (size + lo - (out-1) stride - 1) after
+    kernel, sizes, outs = w.shape[2:], x_shape[2:], g.shape[2:]
+    back_pads = tuple((d * (k - 1) - lo, s + lo - (o - 1) * st - 1)
+                      for d, k, (lo, _), s, o, st in zip(rhs_dilation, kernel, pads, sizes, outs, stride))
+    taps = tuple(_taps(o, lo, st, s, 1, d, k)
+                 for o, (lo, _), st, s, d, k in zip(outs, back_pads, stride, sizes, rhs_dilation, kernel))
+    if any(not t for t in taps):
+        return jnp.zeros(x_shape, g.dtype)
+    flipped = jnp.flip(w, axis=tuple(range(2, w.ndim)))
+    return _taps_sum(g, flipped, (1,) * len(stride), back_pads, stride, rhs_dilation, sizes, taps)
+
+# the banded weight gradient multiplies (padded width / kernel width) times the products it
+# needs: it pays while the padded width is at most this many kernel widths (docs/design.md)
+BAND_WIDTH = 4
+
+
+def _banded(x_shape, w_shape, stride, pads, rhs_dilation) -> bool:
+    return (len(x_shape) == 4 and stride == (1, 1) and rhs_dilation == (1, 1)
+            and x_shape[3] + sum(pads[1]) <= BAND_WIDTH * w_shape[3])
+
+
+def _weight_grad_banded(x, g, kernel, pads):
+    """The weight gradient of a stride-1 2D depthwise convolution as one batched matrix
+    multiply: for each channel and kernel row i, ``m[v, w] = sum_{n,h} xpad[n, h+i, v] g[n, h, w]``
+    over all padded columns v, then tap (i, j) is the diagonal ``sum_w m[w+j, w]`` (a strided
+    slice of m flattened). One dot and a few slices, where autodiff of the tap sum makes one
+    reduction over the whole input per tap."""
+    (kh, kw), (_, _, ho, wo) = kernel, g.shape
+    xp = jax.lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), (0, 0, 0), (*pads[0], 0), (*pads[1], 0)])
+    wp = xp.shape[3]
+    rows = jnp.stack([jax.lax.slice_in_dim(xp, i, i + ho, axis=2) for i in range(kh)], axis=2)
+    m = jnp.einsum("ncihv,nchw->civw", rows, g, precision=jax.lax.Precision.HIGHEST)
+    m = m.reshape(x.shape[1], kh, wp * wo)
+    taps = [jnp.sum(jax.lax.slice_in_dim(m, j * wo, j * wo + (wo - 1) * (wo + 1) + 1, wo + 1, axis=2), axis=2)
+            for j in range(kw)]
+    return jnp.stack(taps, axis=2).reshape(x.shape[1], 1, kh, kw).astype(x.dtype)
 
 
 def _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps):
