@@ -168,10 +168,11 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
 
 
-def test_depthwise_gradients_equal_autodiff_of_xla_in_both_modes():
+def test_depthwise_gradients_equal_autodiff_of_xla_first_and_second_order():
     """The depthwise convolution's own gradients (input: a forward tap sum; weight: banded at
-    this width) against plain autodiff of XLA's convolution, float64: reverse mode, and
-    forward mode through the custom_jvp's linear calls."""
+    this width) against plain autodiff of XLA's convolution, float64: the gradient, and the
+    gradient of a gradient (torch's create_graph=True) through the custom_vjp's backward.
+    Forward mode is JAX's refusal for a custom_vjp, and runs under strategy("xla")."""
     from funcnet.nn.functional import conv2d
 
     rng = np.random.default_rng(2)
@@ -184,11 +185,18 @@ def test_depthwise_gradients_equal_autodiff_of_xla_in_both_modes():
                 return conv2d(x, w, None, 1, (1, 2), 1, 4)
         return f
 
+    def penalty(f):  # a gradient penalty: the squared norm of the input gradient, differentiated again
+        grad_x = lambda x, w: jax.vjp(lambda x: f(x, w), x)[1](g)[0]
+        return jax.grad(lambda x, w: jnp.sum(grad_x(x, w) ** 2), argnums=(0, 1))(x, w)
+
     with jax.enable_x64(True):
         ours, plain = conv("auto"), conv("xla")
-        for f in (lambda f: jax.vjp(f, x, w)[1](g), lambda f: jax.jvp(f, (x, w), (tx, tw))[1]):
+        for f in (lambda f: jax.vjp(f, x, w)[1](g), penalty):
             for a, b in zip(jax.tree.leaves(f(ours)), jax.tree.leaves(f(plain))):
                 np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+        with pytest.raises(TypeError, match="custom_vjp"):
+            jax.jvp(ours, (x, w), (tx, tw))
+        jax.jvp(plain, (x, w), (tx, tw))
 
 
 def test_unknown_strategy_is_refused():

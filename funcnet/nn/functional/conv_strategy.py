@@ -152,31 +152,30 @@ def _depthwise_plan(x_shape, kernel, stride, pads, rhs_dilation):
     return out, taps
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _depthwise(x, w, stride, pads, rhs_dilation):
     """A depthwise convolution (``w`` ``(C, 1, *kernel)``) as a tap sum, whose input gradient is
     a tap sum too: the transposed convolution written as a forward one (the output gradient
     dilated by the stride, padded, against the flipped kernel), one fused loop where autodiff
     of the forward gives one pad per tap. The weight gradient is banded (``_weight_grad_banded``)
-    where that pays, autodiff's otherwise. A ``custom_jvp`` whose tangent is two linear calls
-    with these transposes: forward mode keeps working."""
+    where that pays, autodiff's otherwise. A ``custom_vjp`` whose backward is plain jnp, so a
+    gradient of a gradient (torch's ``create_graph=True``: gradient penalties, meta-learning)
+    differentiates through it; forward mode (``jax.jvp``, ``jax.hessian``) is refused by JAX for a
+    ``custom_vjp`` and runs under ``strategy("xla")`` (docs/design.md)."""
     out, taps = _depthwise_plan(x.shape, w.shape[2:], stride, pads, rhs_dilation)
     return _taps_sum(x, w, stride, pads, (1,) * len(stride), rhs_dilation, out, taps)
 
 
-@_depthwise.defjvp
-def _depthwise_jvp(stride, pads, rhs_dilation, primals, tangents):
-    x, w = primals
-    dx, dw = tangents
-    y = _depthwise(x, w, stride, pads, rhs_dilation)
-    plain = _depthwise.fun
-    along_x = jax.custom_derivatives.linear_call(
-        lambda w, dx: plain(dx, w, stride, pads, rhs_dilation),
-        lambda w, g: _input_grad(g, w, x.shape, stride, pads, rhs_dilation), w, dx)
-    along_w = jax.custom_derivatives.linear_call(
-        lambda x, dw: plain(x, dw, stride, pads, rhs_dilation),
-        lambda x, g: _weight_grad(x, g, w, stride, pads, rhs_dilation), x, dw)
-    return y, along_x + along_w
+def _depthwise_fwd(x, w, stride, pads, rhs_dilation):
+    return _depthwise(x, w, stride, pads, rhs_dilation), (x, w)
+
+
+def _depthwise_bwd(stride, pads, rhs_dilation, residuals, g):
+    x, w = residuals
+    return _input_grad(g, w, x.shape, stride, pads, rhs_dilation), _weight_grad(x, g, w, stride, pads, rhs_dilation)
+
+
+_depthwise.defvjp(_depthwise_fwd, _depthwise_bwd)
 
 
 def _weight_grad(x, g, w, stride, pads, rhs_dilation):
