@@ -61,6 +61,31 @@ def test_pipeline_table_quick_run(tmp_path):
         (2, m, k) for m in (2, 4) for k in ("gpipe", "1f1b")}
     grown = {r["schedule"]: r["temps_growth"] for r in rows if r["microbatches"] == 4}
     assert grown["gpipe"] == 2 * rows[0]["slot_bytes"] and grown["1f1b"] == 0
+    # the saved run the parallel guide's table shows: the same rows (absolute temps aside, which
+    # move with XLA's flags; their growth does not)
+    saved = {(r["stages"], r["microbatches"], r["schedule"]): r for r in _saved_pipeline_rows()}
+    for r in rows:
+        want = saved[(r["stages"], r["microbatches"], r["schedule"])]
+        assert {k: v for k, v in r.items() if k != "temps"} == {k: v for k, v in want.items() if k != "temps"}
+
+
+def _saved_pipeline_rows() -> list[dict]:
+    return json.loads((Path(__file__).resolve().parents[1] / "docs" / "data" / "pipeline.json").read_text())["rows"]
+
+
+def test_the_parallel_guides_pipeline_table_is_the_saved_run():
+    """docs/guides/parallel.md's bubble and memory table is benchmarks/pipeline.py's table of the
+    saved run docs/data/pipeline.json (written by `python benchmarks/pipeline.py --json
+    docs/data/pipeline.json`), whose every bubble is GPipe's (P-1)/(M+P-1) and whose GPipe temps
+    grow by the held stage inputs while 1F1B's stay put."""
+    rows = _saved_pipeline_rows()
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "parallel.md").read_text()
+    assert _script("pipeline").table(rows) in guide
+    for r in rows:
+        p, m = r["stages"], r["microbatches"]
+        assert r["bubble"] == pytest.approx((p - 1) / (m + p - 1)) and r["idle"] == 2 * p * (p - 1)
+        assert r["held"] == (m if r["schedule"] == "gpipe" else min(p, m))
+        assert r["temps_growth"] == r["held_growth_bytes"]
 
 
 @pytest.mark.slow
