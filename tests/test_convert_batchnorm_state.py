@@ -80,3 +80,29 @@ def test_shufflenet_running_statistics_match_torch_against_the_datas_spread():
         assert np.abs(theirs[f"{prefix}.running_mean"]).max() <= 1e-6 * spread
     others = [k for k in means if k.rsplit(".", 1)[0] not in zero]
     assert all(np.abs(theirs[k]).max() >= 1e-3 * np.sqrt(theirs[k.replace("mean", "var")]).max() for k in others)
+
+
+class BasicConv2d(tnn.Module):
+    """torchvision's GoogLeNet/Inception block: the ReLU is F.relu(..., inplace=True) on the BatchNorm's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = tnn.Conv2d(3, 4, 3, bias=False)
+        self.bn = tnn.BatchNorm2d(4, eps=0.001)
+
+    def forward(self, x):
+        return torch.nn.functional.relu(self.bn(self.conv(x)), inplace=True)
+
+
+def test_functional_relu_in_place_is_kept():
+    torch.manual_seed(0)
+    module = BasicConv2d()
+    model, params, state = interop.convert(module, torch.randn(2, 3, 6, 6))
+    fresh = torch.randn(3, 3, 7, 7, generator=torch.Generator().manual_seed(1))
+    for train in (False, True):
+        module.train(train)
+        with torch.no_grad():
+            want = module(fresh).numpy()
+        got, _ = nn.call(model, params, state, fresh.numpy(), train=train)
+        assert want.min() == 0.0 and (want < 0).sum() == 0  # the ReLU ran in torch
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
