@@ -206,7 +206,9 @@ class Recorder:
         if op is None:
             self.problem(frame, "no JAX form in funcnet.interop.ops (the op table)", name or short)
         mutates = tuple(getattr(op, "mutates", ()) or ())
-        inplace = _in_place(name or short)
+        # F.relu(x, inplace=True) arrives as F.relu and returns x: an F function gives back its input only in place
+        inplace = _in_place(name or short) or (bool(name) and name.startswith("F.") and bool(args)
+                                               and out is args[0] and _is_tensor(out))
         if not mutates and not inplace and args and out is args[0] and _is_tensor(out):
             return out  # x.to(its own dtype), x.contiguous(), x.float() of a float: x itself, not a change of x
         ref = frame.add(Node("op", name or short, frame.arg(tuple(args)), frame.arg(dict(kwargs or {})),

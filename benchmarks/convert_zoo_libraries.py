@@ -1,0 +1,428 @@
+"""interop.convert on models of timm, torchvision and transformers, each checked against torch.
+
+Needs timm and torchvision beside torch (their own venv: PyPI's torchvision needs its own torch
+build; see docs/design.md, "Converting library models"). Every model is built with random
+weights (``pretrained=False``, tiny transformers configs; nothing is downloaded), converted on
+one input, then compared with torch on a FRESH input (other values, one more in the batch):
+
+- ``fwd``: the eval forward, largest difference relative to the output's largest value
+  (float32: passes at <= 1e-5);
+- ``grad``: the gradients of the mean square of the train-mode outputs, relative to the
+  largest gradient (<= 1e-4);
+- ``state``: every buffer after that train step (BatchNorm's running statistics and count),
+  relative to each buffer's largest value (<= 1e-4);
+- ``src``: ``to_source``'s written model, executed, torch's state_dict loaded strictly, its eval
+  forward on the fresh input (<= 1e-5).
+
+Each model ends as ``match``, ``refused`` (a ConversionError; the first line of its message is
+shown), ``WRONG`` (converted, but a figure above its bound: silently wrong) or ``CRASH`` (any
+other exception, or a ConversionError that reports a funcnet bug). Dropout and stochastic depth
+are set to 0 so the train step is deterministic on both sides. The model list was fixed before
+the first run: ``NAMED`` are the models the converter is required to match, ``HELD_OUT`` the
+others. Each model runs in its own process (``--timeout`` seconds).
+
+    python benchmarks/convert_zoo_libraries.py [--models NAME ...] [--json out.json] [--timeout 900] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+FWD_TOL, GRAD_TOL, STATE_TOL, SRC_TOL = 1e-5, 1e-4, 1e-4, 1e-5
+
+# timm: (name, create_model kwargs, image size)
+NAMED = {
+    "timm/vit_tiny_patch16_224": ("timm", "vit_tiny_patch16_224", {"img_size": 32}, 32),
+    "timm/deit_tiny_patch16_224": ("timm", "deit_tiny_patch16_224", {"img_size": 32}, 32),
+    "timm/swin_tiny_patch4_window7_224": ("timm", "swin_tiny_patch4_window7_224", {"img_size": 112}, 112),
+    "timm/efficientnet_b0": ("timm", "efficientnet_b0", {}, 64),
+    "timm/mobilenetv3_small_100": ("timm", "mobilenetv3_small_100", {}, 64),
+    "timm/regnetx_002": ("timm", "regnetx_002", {}, 64),
+    "timm/densenet121": ("timm", "densenet121", {}, 64),
+}
+
+HELD_OUT = {
+    # timm
+    "timm/resnet18": ("timm", "resnet18", {}, 64),
+    "timm/convnext_atto": ("timm", "convnext_atto", {}, 64),
+    "timm/levit_128s": ("timm", "levit_128s", {"img_size": 64}, 64),
+    "timm/dla34": ("timm", "dla34", {}, 64),
+    "timm/ghostnet_100": ("timm", "ghostnet_100", {}, 64),
+    "timm/mixer_s16_224": ("timm", "mixer_s16_224", {"img_size": 64}, 64),
+    "timm/poolformer_s12": ("timm", "poolformer_s12", {}, 64),
+    "timm/coatnet_nano_rw_224": ("timm", "coatnet_nano_rw_224", {"img_size": 64}, 64),
+    "timm/maxvit_nano_rw_256": ("timm", "maxvit_nano_rw_256", {"img_size": 64}, 64),
+    "timm/efficientvit_b0": ("timm", "efficientvit_b0", {}, 64),
+    # torchvision
+    "tv/squeezenet1_0": ("tv", "squeezenet1_0", {}, 64),
+    "tv/shufflenet_v2_x0_5": ("tv", "shufflenet_v2_x0_5", {}, 64),
+    "tv/mobilenet_v2": ("tv", "mobilenet_v2", {}, 64),
+    "tv/mobilenet_v3_small": ("tv", "mobilenet_v3_small", {}, 64),
+    "tv/efficientnet_b0": ("tv", "efficientnet_b0", {}, 64),
+    "tv/regnet_y_400mf": ("tv", "regnet_y_400mf", {}, 64),
+    "tv/convnext_tiny": ("tv", "convnext_tiny", {}, 64),
+    "tv/swin_t": ("tv", "swin_t", {}, 64),
+    "tv/vit_b_16": ("tv", "vit_b_16", {"image_size": 32}, 32),
+    "tv/googlenet": ("tv", "googlenet", {"aux_logits": False, "init_weights": True}, 64),
+    "tv/inception_v3": ("tv", "inception_v3", {"aux_logits": False, "init_weights": True}, 96),
+    "tv/lraspp_mobilenet_v3_large": ("tvseg", "lraspp_mobilenet_v3_large", {"num_classes": 4}, 64),
+    "tv/deeplabv3_mobilenet_v3_large": ("tvseg", "deeplabv3_mobilenet_v3_large", {"num_classes": 4}, 64),
+    # transformers, tiny configs
+    "hf/distilbert": ("hf", "distilbert", {}, 0),
+    "hf/roberta": ("hf", "roberta", {}, 0),
+    "hf/albert": ("hf", "albert", {}, 0),
+    "hf/electra": ("hf", "electra", {}, 0),
+    "hf/mistral": ("hf", "mistral", {}, 0),
+    "hf/qwen2": ("hf", "qwen2", {}, 0),
+    "hf/gpt_neox": ("hf", "gpt_neox", {}, 0),
+    "hf/opt": ("hf", "opt", {}, 0),
+    "hf/bart": ("hf", "bart", {}, 0),
+    "hf/mobilebert": ("hf", "mobilebert", {}, 0),
+    "hf/convnext": ("hf", "convnext", {}, 32),
+    "hf/resnet": ("hf", "resnet", {}, 32),
+    "hf/swin": ("hf", "swin", {}, 32),
+    "hf/deit": ("hf", "deit", {}, 16),
+    "hf/segformer": ("hf", "segformer", {}, 32),
+}
+
+MODELS = {**NAMED, **HELD_OUT}
+VOCAB = 100
+_TEXT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64, "max_position_embeddings": 64}
+_DECODER = {**_TEXT, "num_key_value_heads": 1, "use_cache": False, "bos_token_id": 0, "eos_token_id": 0,
+            "pad_token_id": 0}
+
+
+def _hf(kind: str):
+    import transformers as t
+
+    text = {
+        "distilbert": lambda: t.DistilBertModel(t.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=2,
+                                                                   hidden_dim=64, max_position_embeddings=64)),
+        "roberta": lambda: t.RobertaModel(t.RobertaConfig(**_TEXT, pad_token_id=1)),
+        "albert": lambda: t.AlbertModel(t.AlbertConfig(**_TEXT, embedding_size=16)),
+        "electra": lambda: t.ElectraModel(t.ElectraConfig(**_TEXT, embedding_size=16)),
+        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**_DECODER, head_dim=16)),
+        "qwen2": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**_DECODER)),
+        "gpt_neox": lambda: t.GPTNeoXForCausalLM(t.GPTNeoXConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=64, use_cache=False, bos_token_id=0, eos_token_id=0)),
+        "opt": lambda: t.OPTForCausalLM(t.OPTConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, ffn_dim=64,
+            word_embed_proj_dim=32, max_position_embeddings=64, use_cache=False, pad_token_id=1)),
+        "bart": lambda: t.BartModel(t.BartConfig(
+            vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+            use_cache=False, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)),
+        "mobilebert": lambda: t.MobileBertModel(t.MobileBertConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+            embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16, num_feedforward_networks=2,
+            max_position_embeddings=64)),
+    }
+    vision = {
+        "convnext": lambda: t.ConvNextModel(t.ConvNextConfig(hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1])),
+        "resnet": lambda: t.ResNetModel(t.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 24, 32],
+                                                       depths=[1, 1, 1, 1])),
+        "swin": lambda: t.SwinModel(t.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                                                 num_heads=[2, 2], window_size=4)),
+        "deit": lambda: t.DeiTModel(t.DeiTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                                 intermediate_size=64, image_size=16, patch_size=4)),
+        "segformer": lambda: t.SegformerForSemanticSegmentation(t.SegformerConfig(
+            num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32], num_attention_heads=[1, 2],
+            patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=3)),
+    }
+    return (text.get(kind) or vision[kind])(), kind in text
+
+
+def _no_dropout(module):
+    """Dropout, stochastic depth and attention dropout off: the train step is deterministic on both sides."""
+    for m in module.modules():
+        name = type(m).__name__.lower()
+        if ("drop" in name or "stochastic" in name) and isinstance(getattr(m, "p", None), float):
+            m.p = 0.0
+        for attr in ("drop_prob", "drop_rate"):  # timm's DropPath, and F.dropout in a model's own forward (GhostNet)
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+        cfg = getattr(m, "config", None)
+        for k, v in list(getattr(cfg, "__dict__", {}).items()):
+            if ("dropout" in k or "drop_path" in k or "layerdrop" in k) and isinstance(v, float):
+                setattr(cfg, k, 0.0)
+        for attr in ("dropout", "attention_dropout", "dropout_prob", "attn_drop"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+    return module
+
+
+def build(name: str):
+    """(module, trace_kwargs, fresh_kwargs): the module in float32 with random weights, seeded."""
+    import torch
+
+    lib, model_name, kw, size = MODELS[name]
+    torch.manual_seed(0)
+    if lib == "timm":
+        import timm
+        module = timm.create_model(model_name, pretrained=False, **kw)
+    elif lib == "tv":
+        import torchvision
+        module = torchvision.models.get_model(model_name, weights=None, **kw)
+    elif lib == "tvseg":
+        import torchvision
+        module = torchvision.models.get_model(model_name, weights=None, weights_backbone=None, **kw)
+    else:
+        module, is_text = _hf(model_name)
+    _no_dropout(module)
+    gen = torch.Generator().manual_seed(1)
+    if lib == "hf" and is_text:
+        def text(batch, length, padded_row, g):
+            ids = torch.randint(3, VOCAB, (batch, length), generator=g)
+            mask = torch.ones(batch, length, dtype=torch.long)
+            mask[padded_row, -2:] = 0
+            return {"input_ids": ids, "attention_mask": mask}
+        return module, text(2, 6, 0, torch.Generator().manual_seed(0)), text(3, 7, 2, gen)
+    key = next(iter(inspect.signature(module.forward).parameters))  # x, input (LRASPP), pixel_values
+    return module, {key: torch.randn(2, 3, size, size)}, {key: torch.randn(3, 3, size, size, generator=gen)}
+
+
+def _out_rel(ours, theirs) -> float:
+    """tree_rel, with dicts (a ModelOutput, an OrderedDict of heads) matched by key, not by order."""
+    from convert_check import tree_rel
+
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        keys = [k for k, v in theirs.items() if v is not None]
+        return max([_out_rel(ours[k], theirs[k]) if k in ours else float("inf") for k in keys] + [0.0])
+    return tree_rel(ours, theirs)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:160]
+
+
+def _outcome(e: BaseException) -> tuple[str, str]:
+    from funcnet.interop import ConversionError
+
+    if isinstance(e, ConversionError) and "funcnet bug" not in str(e) and "bug in funcnet" not in str(e):
+        return "refused", _first_line(e)
+    return "CRASH", f"{type(e).__name__}: {_first_line(e)}"
+
+
+def check(name: str) -> dict:
+    """One model: convert, then the figures above; the row's ``status`` and ``why``."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from convert_check import dict_rel, loss_of, to_jax
+
+    import funcnet
+    from funcnet import interop, nn
+
+    row: dict = {"model": name}
+    module, trace, fresh = build(name)
+    pristine = copy.deepcopy(module)  # to_source reads the weights before the train step changes any buffer
+    module.eval()
+    start = time.perf_counter()
+    try:
+        model, params, state = interop.convert(module, **trace)
+    except Exception as e:  # noqa: BLE001 (classified: refused or crash)
+        row["status"], row["why"] = _outcome(e)
+        if row["status"] == "CRASH":
+            row["trace"] = traceback.format_exc()[-2000:]
+        return row
+    row["convert_s"] = round(time.perf_counter() - start, 1)
+    jfresh = to_jax(fresh)
+    try:
+        with torch.no_grad():
+            want = module(**fresh)
+        got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(params, state, jfresh)
+        row["fwd"] = _out_rel(got, want)
+
+        module.train()
+        module.zero_grad()
+        loss_of(module(**fresh), torch).backward()
+
+        def f(p):
+            y, s = nn.call(model, p, state, train=True, key=jax.random.key(0), **jfresh)
+            return loss_of(y, jnp), s
+
+        grads, new_state = jax.jit(jax.grad(f, has_aux=True))(params)
+        named = {k: p.grad for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
+        ours = funcnet.state_dict(grads)
+        row["grad"] = dict_rel({k: ours[k] for k in named}, named) if set(named) <= set(ours) else float("inf")
+        if GRAD_TOL < row["grad"] < float("inf"):  # beyond float32's reach here? torch's own float32 against float64
+            row["grad_f64"] = _against_float64(pristine, fresh, {k: ours[k] for k in named}, named)
+        ours = funcnet.state_dict(params, new_state)
+        buffers = dict(module.named_buffers())
+        persistent = {k: v for k, v in module.state_dict().items() if k in buffers}
+        row["state"] = max([_state_rel(ours, persistent, k) for k in persistent] + [0.0])
+    except Exception as e:  # noqa: BLE001
+        row["status"], row["why"] = "CRASH", f"after convert: {type(e).__name__}: {_first_line(e)}"
+        row["trace"] = traceback.format_exc()[-2000:]
+        return row
+    row["src"], row["src_why"] = _source(pristine, trace, fresh, want, jfresh)
+    bad = [k for k, tol in (("fwd", FWD_TOL), ("grad", GRAD_TOL), ("state", STATE_TOL)) if not row[k] <= tol]
+    if "grad" in bad and "grad_f64" in row:
+        ours64, torch64 = row["grad_f64"]
+        if ours64 <= max(GRAD_TOL, 2 * torch64):  # as close to the exact gradient as torch's float32 is
+            bad.remove("grad")
+    row["status"] = "WRONG" if bad else "match"
+    row["why"] = ", ".join(f"{k} {row[k]:.1e}" for k in bad)
+    if "grad_f64" in row:
+        row["why"] += " (grads against float64 torch: ours {:.1e}, torch's float32 {:.1e})".format(*row["grad_f64"])
+    return row
+
+
+def _against_float64(pristine, fresh, ours: dict, theirs: dict) -> tuple[float, float]:
+    """(ours, torch's float32) gradients against torch's in float64 from the same weights and input,
+    relative to the largest: a deep stack of train-mode BatchNorms on few values per channel
+    (ShuffleNetV2 at 64 px, 2x2 maps in its last stage) amplifies float32 rounding past 1e-4 in
+    torch itself, so there the bound is what torch's own float32 reaches."""
+    import torch
+    from convert_check import _cast, dict_rel, loss_of
+
+    exact = copy.deepcopy(pristine).double().train()
+    loss_of(exact(**_cast(fresh, torch.float64)), torch).backward()
+    named = {k: p.grad for k, p in exact.named_parameters(remove_duplicate=False) if p.grad is not None}
+    as_np = {k: v.detach().double().numpy() for k, v in theirs.items()}
+    return dict_rel(ours, named), dict_rel(as_np, named)
+
+
+def _state_rel(ours: dict, theirs: dict, key: str) -> float:
+    """A buffer's difference from torch's relative to its scale. A running mean is measured against
+    the spread of the data it averages (the square root of its running variance): after a
+    BatchNorm whose input is another BatchNorm's output through a bias-free linear map (ShuffleNetV2's
+    branches, at initialisation) the mean is zero in exact arithmetic, and both frameworks hold
+    float32 rounding noise (1e-9) whose ratio to itself means nothing."""
+    import numpy as np
+
+    if key not in ours:
+        return float("inf")
+    a = np.asarray(ours[key], dtype=np.float64)
+    b = theirs[key].detach().double().numpy()
+    if a.shape != b.shape:
+        return float("inf")
+    if b.size == 0:
+        return 0.0
+    scale = float(np.max(np.abs(b)))
+    var = key[: -len("running_mean")] + "running_var" if key.endswith("running_mean") else None
+    if var in theirs:
+        scale = max(scale, float(np.max(np.sqrt(np.abs(theirs[var].detach().double().numpy())))))
+    return float(np.max(np.abs(a - b))) / (scale + 1e-30)
+
+
+def _source(module, trace, fresh, want, jfresh):
+    """to_source's model: written, executed, loaded strictly, compared on the fresh input."""
+    import jax
+    import torch
+
+    import funcnet
+    from funcnet import interop, nn
+
+    module.eval()
+    try:
+        source = interop.to_source(module, **trace)
+    except Exception as e:  # noqa: BLE001
+        return _outcome(e)
+    try:
+        scope: dict = {}
+        exec(compile(source, "<to_source>", "exec"), scope)  # noqa: S102 (the source just written)
+        model = scope[type(module).__name__]()
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        state = jax.eval_shape(lambda: nn.initial_state(model)) if model.has_state else None
+        loaded = funcnet.load_state_dict(params, module.state_dict(), state=state) if state is not None else (
+            funcnet.load_state_dict(params, module.state_dict()), None)
+        got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(*loaded, jfresh)
+        with torch.no_grad():
+            err = _out_rel(got, module(**fresh))
+    except Exception as e:  # noqa: BLE001
+        return "CRASH", f"{type(e).__name__}: {_first_line(e)}"
+    return ("match", f"{err:.1e}") if err <= SRC_TOL else ("WRONG", f"{err:.1e}")
+
+
+def _child(name: str, timeout: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
+                              timeout=timeout, env=env, check=False)
+    except subprocess.TimeoutExpired:
+        return {"model": name, "status": "CRASH", "why": f"timed out after {timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"model": name, "status": "CRASH", "why": f"process exited {proc.returncode}: {tail[:160]}"}
+    row = json.loads(lines[-1])
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def _fmt(x) -> str:
+    return "" if x is None else f"{x:.1e}"
+
+
+def _print(r: dict) -> None:
+    name = r["model"]
+    src = r.get("src_why", "") if r.get("src") not in (None, "match") else ""
+    print(f"{name:<36}{'named' if name in NAMED else 'held-out':<9}{r['status']:<9}{_fmt(r.get('fwd')):>9}"
+          f"{_fmt(r.get('grad')):>9}{_fmt(r.get('state')):>9}  {r.get('src', ''):<8}{r.get('why', '')} {src}",
+          flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", help="names from MODELS (default: all)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help="write the rows here as JSON")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per model")
+    parser.add_argument("--jobs", type=int, default=1, help="models run at once")
+    opts = parser.parse_args(argv)
+    if opts.one:
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
+        import torch
+        torch.set_num_threads(1)
+        print(json.dumps(check(opts.one)))
+        return 0
+    names = opts.models or list(MODELS)
+    rows = []
+    print(f"{'model':<36}{'set':<9}{'status':<9}{'fwd':>9}{'grad':>9}{'state':>9}  {'source':<8}why", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
+        futures = {pool.submit(_child, n, opts.timeout): n for n in names}
+        for done in concurrent.futures.as_completed(futures):  # printed as they finish, then in list order
+            r = done.result()
+            rows.append(r)
+            _print(r)
+            if opts.json:
+                with open(opts.json, "w") as f:
+                    json.dump(rows, f, indent=1)
+    rows.sort(key=lambda r: names.index(r["model"]))
+    print("\nin list order:")
+    for r in rows:
+        _print(r)
+    for group, members in (("named", NAMED), ("held-out", HELD_OUT)):
+        sel = [r for r in rows if r["model"] in members]
+        if sel:
+            counts = {s: sum(r["status"] == s for r in sel) for s in ("match", "refused", "WRONG", "CRASH")}
+            src = sum(r.get("src") == "match" for r in sel)
+            print(f"{group}: {len(sel)} models: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+                  + f"; to_source matches for {src}")
+    if opts.json:
+        with open(opts.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
