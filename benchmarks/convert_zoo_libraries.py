@@ -282,7 +282,51 @@ def check(name: str) -> dict:
     row["why"] = ", ".join(f"{k} {row[k]:.1e}" for k in bad)
     if "grad_f64" in row:
         row["why"] += " (grads against float64 torch: ours {:.1e}, torch's float32 {:.1e})".format(*row["grad_f64"])
+    if bad:  # a logic error or float32 rounding? the same conversion in float64 against torch in float64
+        try:
+            row["grad64"], row["state64"] = _in_float64(pristine, trace, fresh)
+            row["why"] += f"; converted in float64: grad {row['grad64']:.1e}, state {row['state64']:.1e}"
+        except Exception as e:  # noqa: BLE001 - a diagnosis only
+            row["why"] += f"; float64 conversion failed: {type(e).__name__}: {_first_line(e)}"
     return row
+
+
+def _in_float64(pristine, trace, fresh) -> tuple[float, float]:
+    """(gradients, buffers after the train step) of the model converted in float64 against torch in
+    float64, measured as above: near float64's eps (1e-10 and below) the conversion computes what torch
+    does and a float32 figure past its bound is rounding the model amplifies; at float32's scale
+    or above it is a logic error."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from convert_check import _cast, dict_rel, loss_of, to_jax
+
+    import funcnet
+    from funcnet import interop, nn
+
+    jax.config.update("jax_enable_x64", True)
+    try:
+        module = copy.deepcopy(pristine).double().eval()
+        model, params, state = interop.convert(module, **_cast(trace, torch.float64))
+        fresh64 = _cast(fresh, torch.float64)
+        module.train()
+        loss_of(module(**fresh64), torch).backward()
+        jfresh = to_jax(fresh64)
+
+        def f(p):
+            y, s = nn.call(model, p, state, train=True, key=jax.random.key(0), **jfresh)
+            return loss_of(y, jnp), s
+
+        grads, new_state = jax.jit(jax.grad(f, has_aux=True))(params)
+        named = {k: p.grad for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
+        ours = funcnet.state_dict(grads)
+        grad = dict_rel({k: ours[k] for k in named}, named) if set(named) <= set(ours) else float("inf")
+        ours = funcnet.state_dict(params, new_state)
+        buffers = dict(module.named_buffers())
+        persistent = {k: v for k, v in module.state_dict().items() if k in buffers}
+        return grad, max([_state_rel(ours, persistent, k) for k in persistent] + [0.0])
+    finally:
+        jax.config.update("jax_enable_x64", False)
 
 
 def _against_float64(pristine, fresh, ours: dict, theirs: dict) -> tuple[float, float]:
