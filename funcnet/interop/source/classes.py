@@ -4,8 +4,9 @@ Each instance of a user's class is described by its children (``Leaf`` layers wi
 non-default constructor arguments, ``Container``s, ``TensorSpec`` parameters and buffers,
 other instances, ``None``) and its forward's statements. ``ClassWriter`` unifies the
 instances of a class: values that differ become arguments (``Arg``), named after the
-constructor argument they first fill (``out_channels``, ``stride``) and shared wherever two
-places hold the same value in every instance; a child whose structure differs (an optional
+constructor argument they first fill (``out_channels``, ``stride``) or, for a parameter's
+dimension, the torch attribute holding it (``num_heads``), never like a name the forward
+reads or binds, and shared wherever two places hold the same value in every instance; a child whose structure differs (an optional
 ``downsample``) becomes an argument itself. Instances whose forwards differ are one function
 when an optional child (``if self.downsample is not None:``) or an attribute of the torch
 module (``if use_res_connect:``) tells the forms apart; otherwise they are written as
