@@ -1,6 +1,7 @@
 """Module trees that interop.to_source must write as valid source (tests/test_interop_source_trees.py):
 numerically named children, ModuleDict/ModuleList subclasses with their own forward, a recursive
-tree whose class holds children of its own class, and a module shared at two places."""
+tree whose class holds children of its own class, a module shared at two places, and Swin-like
+window attention whose head count differs between instances."""
 
 from __future__ import annotations
 
@@ -196,12 +197,67 @@ class Shared(tnn.Module):
         return self.out(self.block(h))
 
 
+class WindowAttention(tnn.Module):
+    """As torchvision's Swin attention: the input cut into 2x2 windows, whose count the forward
+    computes from the input's shape, and a reshape into heads by a head count that differs between
+    instances and also sizes a parameter (the bias table)."""
+
+    def __init__(self, dim: int, num_heads: int, split: bool = False):
+        super().__init__()
+        if split:
+            self.split = (num_heads, dim // num_heads)
+        else:
+            self.num_heads = num_heads
+        self.table = tnn.Parameter(torch.randn(4, num_heads))
+        self.qkv = tnn.Linear(dim, dim * 3)
+        self.proj = tnn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        windows = (h // 2) * (w // 2)
+        heads = self.heads()
+        x = x.reshape(b, h // 2, 2, w // 2, 2, c).transpose(2, 3).reshape(b * windows, 4, c)
+        qkv = self.qkv(x).reshape(b * windows, 4, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+        a = qkv[0] @ qkv[1].transpose(-2, -1) / (c // heads) ** 0.5 + self.table.t()[None, :, None, :]
+        out = (a.softmax(-1) @ qkv[2]).transpose(1, 2).reshape(b, h // 2, w // 2, 2, 2, c)
+        return self.proj(out.transpose(2, 3).reshape(b, h, w, c))
+
+    def heads(self) -> int:
+        return self.num_heads
+
+
+class TupleHeadsAttention(WindowAttention):
+    """The head count in no int attribute of the module (a tuple holds it): its argument has no
+    attribute to be named after."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__(dim, num_heads, split=True)
+
+    def heads(self) -> int:
+        return self.split[0]
+
+
+class Windows(tnn.Module):
+    """Window attention with other head counts, each class twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = WindowAttention(6, 2)
+        self.split_a = TupleHeadsAttention(6, 3)
+        self.b = WindowAttention(6, 3)
+        self.split_b = TupleHeadsAttention(6, 2)
+
+    def forward(self, x):
+        return self.split_b(self.b(self.split_a(self.a(x))))
+
+
 def build(name: str):
     """``(module, example inputs, fresh inputs)``: the fresh ones have other values and batch size."""
     torch.manual_seed(0)
     module, shape = {"layer_getter": (LayerGetter, (3, 8, 8)), "numbered": (Numbered, (4,)),
                      "odd_names": (OddNames, (3,)),
-                     "dla": (Dla, (3, 16, 16)), "shared": (Shared, (3,))}[name]
+                     "dla": (Dla, (3, 16, 16)), "shared": (Shared, (3,)),
+                     "windows": (Windows, (4, 6, 6))}[name]
     module = module()
     with torch.no_grad():  # running statistics away from their init, so eval mode normalizes with them
         for m in module.modules():
@@ -215,4 +271,4 @@ def build(name: str):
     return module, (example,), (fresh,)
 
 
-NAMES = ["layer_getter", "numbered", "odd_names", "dla", "shared"]
+NAMES = ["layer_getter", "numbered", "odd_names", "dla", "shared", "windows"]

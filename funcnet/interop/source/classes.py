@@ -4,8 +4,9 @@ Each instance of a user's class is described by its children (``Leaf`` layers wi
 non-default constructor arguments, ``Container``s, ``TensorSpec`` parameters and buffers,
 other instances, ``None``) and its forward's statements. ``ClassWriter`` unifies the
 instances of a class: values that differ become arguments (``Arg``), named after the
-constructor argument they first fill (``out_channels``, ``stride``) and shared wherever two
-places hold the same value in every instance; a child whose structure differs (an optional
+constructor argument they first fill (``out_channels``, ``stride``) or, for a parameter's
+dimension, the torch attribute holding it (``num_heads``), never like a name the forward
+reads or binds, and shared wherever two places hold the same value in every instance; a child whose structure differs (an optional
 ``downsample``) becomes an argument itself. Instances whose forwards differ are one function
 when an optional child (``if self.downsample is not None:``) or an attribute of the torch
 module (``if use_res_connect:``) tells the forms apart; otherwise they are written as
@@ -14,7 +15,9 @@ separate functions, with a comment saying so.
 
 from __future__ import annotations
 
+import ast
 import inspect
+import re
 from collections import Counter
 
 from funcnet import nn
@@ -108,12 +111,17 @@ class ClassWriter:
     def _function(self, name: str, torch_name: str, members: list, kids: dict) -> str:
         k = len(members)
         groups: list = []  # [name, values, kind]
+        # the names the forwards read or bind (``size = (H // 7) * (W // 7)``, ``x``, ``jnp``): an argument named
+        # like one would be shadowed inside ``forward`` or shadow what it reads
+        local = set().union(*(_names_in(self.specs[id(m)][1], self.specs[id(m)][2]) for m in members))
 
         def arg_for(values: tuple, hint: str, kind: str, default=_NO_DEFAULT) -> Arg:
             for g in groups:
                 if g[1] == values:
                     return Arg(g[0])
-            taken = {g[0] for g in groups}
+            if hint == "size" and kind == "value":  # a parameter's dimension: the attribute holding it (num_heads)
+                hint = _attribute_with(members, values) or hint
+            taken = {g[0] for g in groups} | local
             base = hint if hint.isidentifier() and hint not in RESERVED else f"{hint}_"
             if not base.isidentifier():
                 base = "value"
@@ -196,6 +204,27 @@ class ClassWriter:
             parts.append(("tied", _Dict(tuple(self.ties.items()))))
         lines += ["", "    return " + _call("nn.Composite", parts, 11, self.width)]
         return "\n".join(lines) + "\n"
+
+
+def _names_in(stmts: list, sig: str) -> set:
+    """Every variable name a forward's statements and signature read or bind."""
+    text = f"def forward({sig}):\n" + "\n".join("    " + line for s in stmts for line in s)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:  # not expected of written statements; then every word counts as taken
+        return set(re.findall(r"[A-Za-z_]\w*", text))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+        {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)}
+
+
+def _attribute_with(members: list, values: tuple) -> str | None:
+    """The name of the torch modules' int attribute holding ``values`` (one per instance), if one does."""
+    for name, v in vars(members[0]).items():
+        if name.startswith("_") or not isinstance(v, int) or isinstance(v, bool) or not name.isidentifier():
+            continue
+        if tuple(getattr(m, name, None) for m in members) == values:
+            return name
+    return None
 
 
 def _pad_none_children(instances, kids: dict) -> None:
