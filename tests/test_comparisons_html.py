@@ -5,9 +5,7 @@ The browser test needs Debian's ``chromium`` and ``chromium-driver`` and seleniu
 (``CI=true``), where it fails: the page must have been seen by a browser there.
 """
 
-import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 from comparisons import __main__ as runner
 from comparisons._core import Check, Options, Result, Seconds, Side, close
 from comparisons._page import CONCEPTS, render, write_page
+from tests.browser import browser_or_skip
 
 REAL = ["autograd", "autograd_from_scratch"]  # quick ones; the second has a plot
 
@@ -37,33 +36,9 @@ def page(tmp_path_factory):
     return write_page(results, tmp_path_factory.mktemp("page"), Options()), results
 
 
-def _browser():
-    """A headless Chromium driver, or the reason there is none."""
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        return None, "selenium is not installed (pip install -e '.[test]')"
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not binary or not driver_path:
-        return None, "chromium/chromedriver are not installed (apt-get install chromium chromium-driver)"
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1440,1000"):
-        opts.add_argument(arg)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(service=Service(driver_path), options=opts), ""
-
-
 @pytest.fixture(scope="module")
 def driver():
-    drv, why = _browser()
-    if drv is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI must open the page in a browser: {why}")
-        pytest.skip(why)
+    drv = browser_or_skip("the page")
     yield drv
     drv.quit()
 
@@ -173,12 +148,7 @@ def test_render_escapes_and_marks_failures():
 def test_the_readme_screenshot_command_writes_a_picture_of_the_page(tmp_path):
     from comparisons import _screenshot
 
-    driver, why = _browser()
-    if driver is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(why)
-        pytest.skip(why)
-    driver.quit()
+    browser_or_skip("the page").quit()
     page = write_page([_failing()], tmp_path / "page", Options())
     assert _screenshot.main([str(page), str(tmp_path / "shot.png")]) == 0
     from PIL import Image

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_comparisons_html import _browser
+from tests.browser import browser_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,11 +124,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def driver():
-    drv, why = _browser()
-    if drv is None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI must open the site in a browser: {why}")
-        pytest.skip(why)
+    drv = browser_or_skip("the site")
     yield drv
     drv.quit()
 
