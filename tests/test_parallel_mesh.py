@@ -36,7 +36,10 @@ def test_fit_on_data_tensor_pipe_mesh_equals_one_device():
     three, hist_three = _fit(strategy=Strategy("pipe", pipeline=2, tensor_parallel=2, config=CFG), devices=8)
     assert int(three.step) == int(one.step) == 2
     assert jax.tree.structure(three.params) == jax.tree.structure(one.params)  # the GPT's own layout back
-    np.testing.assert_allclose(hist_three[0]["train_loss"], hist_one[0]["train_loss"], rtol=1e-6)
+    # the first step's loss differs only in the order of its float32 sums; the second's also through
+    # params that differ by ~1e-7 relative (above): a few eps
+    np.testing.assert_allclose(hist_three[0]["train_loss"], hist_one[0]["train_loss"],
+                               rtol=8 * np.finfo(np.float32).eps)
     start = train.create_train_state(gpt.GPT(CFG), optax.adam(1e-3), jax.random.key(0)).params
     moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
                 zip(jax.tree.leaves(one.params), jax.tree.leaves(start)))
