@@ -207,3 +207,29 @@ def test_the_mixed_precision_guides_cpu_claims_hold_in_the_saved_run():
     assert rows["bf16"]["temps_vs_fp32"] > 1, rows["bf16"]
     assert "on a CPU both half-precision steps need more temporaries than fp32's" in guide
     assert rows["bf16"]["temps_bytes"] > rows["fp32"]["temps_bytes"] < rows["fp16"]["temps_bytes"], rows
+
+
+def test_the_language_model_guide_quotes_the_gpt_comparisons_saved_run_and_the_baselines():
+    """The float32 loss agreement is the saved run's; the unigram and uniform baselines are the corpus's,
+    and bits per character are nats over ln 2."""
+    import json
+    import math
+
+    from funcnet import text
+
+    guide = _text("guides/language-model.md")
+    run = json.loads((ROOT / "docs" / "data" / "comparisons.json").read_text())
+    checks = {c["name"]: c for r in run["results"] if r["name"] == "gpt" for c in r["checks"]}
+    loss = next(c for name, c in checks.items() if name.startswith("training loss per step"))
+    measured = float(re.search(r"max \|diff\| (\S+),", loss["detail"]).group(1))
+    stated = re.search(r"losses agree step by step to (\S+) in float32 in the saved run \(tolerance (\S+):", guide)
+    assert stated, "docs/guides/language-model.md no longer states the GPT comparison's loss agreement"
+    atol = re.search(r"atol (\S+)", loss["tolerance"])
+    assert float(stated.group(1)) == float(f"{measured:.1e}"), (stated.group(1), measured)
+    assert atol and float(stated.group(2)) == float(atol.group(1)), (stated.group(2), loss["tolerance"])
+    stated = re.search(r"reaches \*\*([\d.]+) nats/char\*\* on the validation split \(([\d.]+) bits/char\), against "
+                       r"([\d.]+) for the unigram baseline and ([\d.]+) for uniform guessing", guide)
+    assert stated, "docs/guides/language-model.md no longer states the example's validation loss and baselines"
+    nats, bits, unigram, uniform = stated.groups()
+    assert bits == f"{float(nats) / math.log(2):.2f}"
+    assert unigram == f"{text.unigram_entropy():.2f}" and uniform == f"{math.log(text.vocabulary().size):.2f}"
