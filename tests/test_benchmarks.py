@@ -211,3 +211,19 @@ def test_the_memory_guides_mesh_figures_are_the_tensor_parallel_comparisons_save
     assert f"The TP 2 step moves {moved:,} bytes in {ar} all-reduces and {ag} all-gathers" in text
     ar, ag, other, moved = mesh["FSDP 2 x TP 2"][:4]
     assert f"FSDP 2 x TP 2 {moved:,} bytes in {ar + ag + other} collectives" in text
+
+
+def test_the_memory_guides_checkpointing_figures_are_the_comparisons_saved_run():
+    """torch's saved bytes against the estimate and XLA's gradient temps with and without full remat, from the
+    activation_checkpointing comparison in docs/data/comparisons.json."""
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "data" / "comparisons.json").read_text())
+    result = next(r for r in run["results"] if r["name"] == "activation_checkpointing")
+    checks = {c["name"]: c["detail"] for c in result["checks"]}
+    none, full = (re.search(r"\(([+-][\d.]+%)\)", d).group(1) for name, d in checks.items()
+                  if name.startswith("torch saved bytes"))
+    temps = {m.group(1): int(m.group(2).replace(",", "")) for m in
+             re.finditer(r"^(GPT\(remat=\S+\)) +temps +([\d,]+)", result["jax"]["output"], re.M)}
+    text = " ".join(_memory_guide().split())
+    assert f"torch's saved bytes match the estimate for no and full recomputation ({none}, {full})" in text
+    plain, full_remat = temps["GPT(remat=None)"], temps["GPT(remat='full')"]
+    assert f"fall from {plain / 1e6:.1f} MB (`GPT`) to {full_remat / 1e6:.1f} MB" in text, temps
