@@ -6,26 +6,29 @@ so past the core count more devices cannot go faster and the table measures the 
 of splitting (dispatch, all-reduce, per-device launch). The figure that matters, the
 scaling, comes from running this script on real accelerators (it uses the devices it finds).
 
-    python benchmarks/data_parallel.py [--devices 1 2 4 8] [--batch-size 512] [--steps 50]
+    python benchmarks/data_parallel.py [--devices 1 2 4 8] [--batch-size 512] [--steps 50] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--batch-size", type=int, default=512, help="global batch")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--steps", type=int, default=50, help="steps per timed sample")
     parser.add_argument("--repeat", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="write the rows the table prints to this JSON file")
+    args = parser.parse_args(argv)
 
     from funcnet import parallel
 
@@ -48,7 +51,7 @@ def main() -> None:
     for col in ("devices", "per-device batch", *parallel.KINDS, "vs 1 device"):
         table.add_column(col, justify="right")
 
-    baseline = None
+    baseline, out = None, []
     for n in args.devices:
         row = [str(n), str(args.batch_size // n)]
         rates = []
@@ -73,6 +76,8 @@ def main() -> None:
         best = max(rates)
         baseline = baseline or best
         row.append(f"{best / baseline:.2f}x")
+        out.append({"devices": n, "per_device_batch": args.batch_size // n,
+                    "steps_per_s": dict(zip(parallel.KINDS, rates)), "best_vs_one_device": best / baseline})
         table.add_row(*row)
     console = Console()
     console.print(table)
@@ -81,7 +86,12 @@ def main() -> None:
                       f"can gain by using cores one device's program leaves idle; beyond that they compete "
                       f"for the same cores, and the ratio is the cost of splitting, not a measure of scaling. "
                       f"Run on GPUs/TPUs for the figure that matters.")
+    if args.json:
+        args.json.write_text(json.dumps({"platform": platform, "cores": cores, "hidden": args.hidden,
+                                         "batch_size": args.batch_size, "steps": args.steps, "repeat": args.repeat,
+                                         "rows": out}, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,13 +9,15 @@ all-gather per layout say what XLA moves: the gradients (one combined all-reduce
 data axis), the weights (FSDP's all-gather) or the batch's activations.
 
 ``--dump DIR`` writes each layout's compiled HLO next to it (``DIR/hlo_<d><f><m>.txt``);
-``XLA_FLAGS=--xla_dump_to=DIR`` gives XLA's own buffer assignment and live ranges.
+``XLA_FLAGS=--xla_dump_to=DIR`` gives XLA's own buffer assignment and live ranges; ``--json PATH``
+writes the rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import math
 import re
 import sys
@@ -153,6 +155,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--dump", type=Path, help="write each layout's compiled HLO here"
     )
+    parser.add_argument("--json", type=Path, help="write the rows the tables print to this JSON file")
     args = parser.parse_args(argv)
     from funcnet import parallel
 
@@ -171,6 +174,8 @@ def main(argv=None) -> int:
     )
     print(f"\n{within} of {len(rows)} layouts within 10%\n")
     print(collectives(rows))
+    if args.json:  # layouts as lists; table() takes them back as tuples
+        args.json.write_text(json.dumps({"config": str(CONFIG), "batch": BATCH, "rows": rows}, indent=1) + "\n")
     return 0
 
 

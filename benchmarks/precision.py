@@ -12,14 +12,16 @@ here the low-precision steps pay for conversions and float32 temporaries and may
 slower and larger; on GPUs and TPUs the matmuls run on bf16/fp16 units. The script
 reports what it measures.
 
-    python benchmarks/precision.py [--sizes 784 1024 1024 10] [--batch 256] [--repeat 7]
+    python benchmarks/precision.py [--sizes 784 1024 1024 10] [--batch 256] [--repeat 7] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
+from pathlib import Path
 
 import jax
 import optax
@@ -32,13 +34,14 @@ from funcnet.precision import DynamicLossScale
 MODES = {"fp32": None, "bf16": None, "fp16": DynamicLossScale}
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[784, 1024, 1024, 10])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--number", type=int, default=5, help="calls per timed sample")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, help="write the rows the table prints to this JSON file")
+    args = parser.parse_args(argv)
 
     model, tx = nn.MLP(args.sizes), optax.adam(1e-3)
     kx, ky = jax.random.split(jax.random.key(0))
@@ -72,7 +75,16 @@ def main() -> None:
           "low-precision weight copies), total = arguments + outputs + temps - donated")
     spread = {m: (min(r[0].samples) * 1e3, max(r[0].samples) * 1e3) for m, r in rows.items()}
     print("per-sample range (ms): " + ", ".join(f"{m} {lo:.2f}-{hi:.2f}" for m, (lo, hi) in spread.items()))
+    if args.json:
+        out = [{"mode": mode, "ms_per_step": bench.median * 1e3, "ms_samples": [t * 1e3 for t in bench.samples],
+                "time_vs_fp32": bench.median / base_t, "total_bytes": mem.total, "temps_bytes": mem.temps,
+                "temps_vs_fp32": mem.temps / max(base_m.temps, 1), "matmul_dtypes": dots, "first_loss": loss}
+               for mode, (bench, mem, loss, dots) in rows.items()]
+        args.json.write_text(json.dumps({"sizes": args.sizes, "params": n_params, "batch": args.batch,
+                                         "repeat": args.repeat, "number": args.number,
+                                         "device": jax.devices()[0].device_kind, "rows": out}, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

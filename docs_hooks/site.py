@@ -6,6 +6,9 @@ At build time, without running anything heavy, it adds:
 - ``concepts/index.md`` (the concept map) and ``concepts/NAME.md`` with its plots, one per
   comparison of the runner's registry, from the saved run ``docs/data/comparisons.json``
   (``docs_hooks.concepts``), each listed in the nav under Concepts;
+- the figures of ``benchmarks.md``: its placeholders filled from the saved benchmark runs
+  ``docs/data/bench_NAME.json`` and one SVG plot per run, ``img/bench-NAME.svg``
+  (``docs_hooks.benchmarks``, ``docs_hooks.bench_plots``);
 - the body of ``reference/cli.md``: every subcommand and flag of ``funcnet``, from its argparse
   parsers (``docs_hooks.cli_reference``); the file itself holds only a title and a comment, so
   that links to it are links to a file of the repository.
@@ -75,6 +78,15 @@ def on_files(files, config):
         for name, _, png in drawn:
             add(f"concepts/{name}", png)
         add(f"concepts/{r.name}.md", concepts.comparison_page(r, dtype, [(n, t) for n, t, _ in drawn]))
+    from docs_hooks import bench_plots, benchmarks
+
+    for name in benchmarks.BENCHES:
+        try:
+            picture = bench_plots.svg(name, benchmarks.load(name))
+        except ValueError as e:
+            raise PluginError(str(e)) from None
+        if picture is not None:
+            add(f"img/bench-{name}.svg", picture)
     return files
 
 
@@ -83,4 +95,11 @@ def on_page_markdown(markdown, page, config, files):
         from docs_hooks import cli_reference
 
         return cli_reference.cli_page()
+    if page.file.src_uri == "benchmarks.md":
+        from docs_hooks import benchmarks
+
+        try:
+            return benchmarks.render(markdown)
+        except ValueError as e:
+            raise PluginError(f"docs/benchmarks.md: {e}") from None
     return markdown

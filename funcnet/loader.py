@@ -1,10 +1,12 @@
 """Streaming training data from files on disk: record shards, worker processes, prefetch to
 the device, per-example augmentation on the host, a seeded order and a resumable position.
 
-torch counterpart::
+torch counterpart:
 
-    loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True,
-                        num_workers=k, pin_memory=True)
+```python
+loader = DataLoader(dataset, batch_size, shuffle=True, drop_last=True,
+                    num_workers=k, pin_memory=True)
+```
 
 Built on grain (Google's data loader for JAX): ``write_records`` stores examples as
 ArrayRecord shards; ``Loader`` reads them through a ``grain.MapDataset`` (random access, so

@@ -5,11 +5,13 @@ is queued, so a clock read right after it measures the dispatch, not the work.
 ``jax.block_until_ready`` waits, as ``torch.cuda.synchronize()`` does after
 ``torch.cuda.Event.record()``; every timer here blocks on the result.
 
-torch counterpart::
+torch counterpart:
 
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(); out = model(x); end.record(); torch.cuda.synchronize()
-    ms = start.elapsed_time(end)
+```python
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record(); out = model(x); end.record(); torch.cuda.synchronize()
+ms = start.elapsed_time(end)
+```
 
 is ``out, seconds = timed(model_apply, params, x)`` here.
 

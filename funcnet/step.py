@@ -1,9 +1,11 @@
 """The training loop as pure functions: ``(state, batch) -> (state, metrics)``.
 
-torch's five lines::
+torch's five lines:
 
-    optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
-    loss.backward(); optimizer.step()
+```python
+optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
+loss.backward(); optimizer.step()
+```
 
 become one compiled function. Gradients are return values, never accumulated in
 ``.grad``, so there is nothing to zero; the optimizer is an optax transformation

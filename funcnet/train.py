@@ -1,10 +1,12 @@
 """Training a model: ``fit`` over epochs, with the epoch records, the progress bar and the
 grouped options (precision, strategy and devices, callbacks), beside the pieces it is made of.
 
-torch's five lines::
+torch's five lines:
 
-    optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
-    loss.backward(); optimizer.step()
+```python
+optimizer.zero_grad(); out = model(x); loss = F.cross_entropy(out, y)
+loss.backward(); optimizer.step()
+```
 
 become one compiled function (``make_step``, in ``funcnet.step``); ``run_epoch`` and
 ``evaluate`` live in ``funcnet.epoch``; all are importable from here.

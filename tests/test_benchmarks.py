@@ -3,6 +3,7 @@ pass (the script returns 1 on a mismatch beyond its tolerance), and its JSON hol
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,130 @@ def test_conv_quick_run_checks_against_torch_and_writes_ratios(tmp_path):
     assert {(r["model"], r["variant"]) for r in result["models"]} >= {("resnet18", "converted"),
                                                                       ("resnet18", "hand-written")}
     assert all(r["ok"] and r["train_ms"]["funcnet"] > 0 for r in result["models"])
+
+
+# ----------------------------------------------------------------------------- the memory guide's saved runs
+def _saved(name: str) -> dict:
+    """docs/data/bench_NAME.json's result, saved by `python -m docs_hooks.save_bench NAME`."""
+    return json.loads((Path(__file__).resolve().parents[1] / "docs" / "data" / f"bench_{name}.json").read_text())["result"]
+
+
+def _memory_guide() -> str:
+    return (Path(__file__).resolve().parents[1] / "docs" / "guides" / "memory.md").read_text()
+
+
+def _bytes_pair(xla: float, paper: int, ratio: float) -> str:
+    shown = f"{round(xla):,} / {paper:,}"
+    return shown if f"{ratio:.3f}" == "1.000" else f"{shown} ({ratio:.3f})"
+
+
+def test_the_memory_guides_remat_table_is_the_saved_run():
+    """docs/guides/memory.md's per-layer table is benchmarks/gpt_memory.py's saved run: each remat policy's
+    XLA bytes per layer over the paper's variant, and no remat over the paper's list."""
+    layers = _saved("gpt_memory")["layers"]
+    configs = list(dict.fromkeys(tuple(r["config"][k] for k in ("hidden", "heads", "seq", "batch")) for r in layers))
+    lines = []
+    for c in configs:
+        rows = {r["remat"]: r for r in layers if tuple(r["config"][k] for k in ("hidden", "heads", "seq", "batch")) == c}
+        cells = [_bytes_pair(rows[k]["xla_per_layer"], rows[k]["paper_per_layer"], rows[k]["ratio"])
+                 for k in ("paper", "selective", "full")]
+        none = rows["no remat"]
+        cells.append(f"{round(none['xla_per_layer']):,} ({none['ratio']:.2f}x)")
+        lines.append("| " + " | ".join(map(str, c)) + " | " + " | ".join(cells) + " |")
+    guide = _memory_guide()
+    missing = [line for line in lines if line not in guide]
+    assert not missing, f"rows of the saved run docs/data/bench_gpt_memory.json not in the memory guide: {missing}"
+    text = " ".join(guide.split())
+    policed = [abs(r["ratio"] - 1) for r in layers if r["remat"] != "no remat"]
+    stated = re.search(r"Every policy is within ([\d.]+)% of the paper's variant", text)
+    assert stated and 0 <= float(stated.group(1)) - max(policed) * 100 < 0.1, (stated, max(policed))  # a tight bound
+    assert "`\"selective\"` and `\"full\"` keep the paper's bytes exactly" in text and "each less than one s·b·h " \
+        "float32 tensor" in text
+    for r in layers:
+        c = r["config"]
+        if r["remat"] in ("selective", "full"):
+            assert r["xla_per_layer"] == r["paper_per_layer"], r
+        elif r["remat"] == "paper":
+            assert abs(r["xla_per_layer"] - r["paper_per_layer"]) < c["seq"] * c["batch"] * c["hidden"] * 4, r
+    none = [r["ratio"] for r in layers if r["remat"] == "no remat"]
+    assert f"{min(none):.1f}-{max(none):.1f}x in all" in text
+
+
+def test_the_memory_guides_gpt_figures_are_the_saved_run():
+    """The formula against torch's saved tensors, and the whole step against the estimate without remat."""
+    configs = _saved("gpt_memory")["configs"]
+    text = " ".join(_memory_guide().split())
+    dev = [abs(r["torch_vs_flash"]) * 100 for r in configs]
+    assert f"within {min(dev):.1f}-{max(dev):.1f}% over {len(configs)} GPT configurations" in text
+    total = [r["total_ratio"] for r in configs]
+    assert f"is {min(total):.1f}-{max(total):.1f}x the estimate without remat" in text
+
+
+def test_the_memory_guides_layout_table_is_the_saved_run():
+    """The planner against XLA's compiled step per layout: benchmarks/layout_memory.py's table of its saved run."""
+    rows = [dict(r, layout=tuple(r["layout"])) for r in _saved("layout_memory")["rows"]]
+    assert _script("layout_memory").table(rows) in _memory_guide()
+
+
+def test_the_memory_guides_layout_prose_is_the_saved_run():
+    """The paragraph under the layout table: each layout's deviation it names, how many layouts are within 10%,
+    the state's slack, the data axis's combined all-reduce and its temps, one device's temps and the fsdp
+    axis's largest all-gather, all read from the same saved run."""
+    rows = {tuple(r["layout"]): r for r in _saved("layout_memory")["rows"]}
+
+    def deviation(r):
+        return (r["arguments"] + r["temps"]) / r["plan"]["total"] - 1
+
+    text = " ".join(_memory_guide().split())
+    named = re.findall(r"`\((\d), (\d), (\d)\)` \(?([+-]\d+\.\d)%", text)
+    assert len(named) >= 5, named
+    for *layout, stated in named:
+        assert stated == f"{deviation(rows[tuple(map(int, layout))]) * 100:+.1f}", (layout, stated)
+    words = ["None", "One", "Two", "Three", "Four", "Five", "Six", "Seven", "Eight"]
+    within = sum(abs(deviation(r)) <= 0.10 for r in rows.values())
+    assert f"{words[within]} layouts are within 10%" in text
+    slack = max(r["arguments"] - r["plan"]["params"] - r["plan"]["optimizer"] for r in rows.values())
+    assert f"the planner's to within {slack} bytes" in text
+    dp = rows[(2, 1, 1)]
+    assert f"({dp['largest all-reduce'].replace(' B', ' bytes')} on `(2, 1, 1)`)" in text
+    assert f"temps of {dp['temps']:,} bytes are {dp['temps'] / dp['plan']['grads']:.2f}x the gradients" in text
+    one = rows[(1, 1, 1)]
+    assert f"one device's temps, {one['temps']:,}, are less than its gradients alone, {one['plan']['grads']:,}" in text
+    assert one["temps"] < one["plan"]["grads"]
+    assert f"the largest all-gather is `{rows[(1, 4, 1)]['largest all-gather']}`" in text
+
+
+def test_the_memory_guides_mesh_figures_are_the_tensor_parallel_comparisons_saved_run():
+    """Per-device bytes over the plan and the collectives of each mesh, from the JAX side's table in
+    docs/data/comparisons.json (tests/test_saved_run.py keeps it true)."""
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "data" / "comparisons.json").read_text())
+    out = next(r for r in run["results"] if r["name"] == "tensor_parallel")["jax"]["output"]
+    # mesh, losses, all-reduce, all-gather, other, bytes moved, per-device bytes, planned, ratio
+    row = r"^(one device|TP 2|TP 4|FSDP 2 x TP 2) +\S+ -> \S+ +(\d+) +(\d+) +(\d+) +([\d,]+) +[\d,]+ +[\d,]+ +([\d.]+)$"
+    mesh = {m.group(1): [int(x.replace(",", "")) for x in m.groups()[1:5]] + [m.group(6)]
+            for m in re.finditer(row, out, re.M)}
+    assert set(mesh) == {"one device", "TP 2", "TP 4", "FSDP 2 x TP 2"}, out
+    text = " ".join(_memory_guide().split())
+    ratios = {k: v[-1] for k, v in mesh.items()}
+    assert (f"the totals are {ratios['one device']}x (one device), {ratios['TP 2']}x (TP 2), {ratios['TP 4']}x (TP 4) "
+            f"and {ratios['FSDP 2 x TP 2']}x (FSDP 2 x TP 2) the plan") in text
+    ar, ag, _, moved = mesh["TP 2"][:4]
+    assert f"The TP 2 step moves {moved:,} bytes in {ar} all-reduces and {ag} all-gathers" in text
+    ar, ag, other, moved = mesh["FSDP 2 x TP 2"][:4]
+    assert f"FSDP 2 x TP 2 {moved:,} bytes in {ar + ag + other} collectives" in text
+
+
+def test_the_memory_guides_checkpointing_figures_are_the_comparisons_saved_run():
+    """torch's saved bytes against the estimate and XLA's gradient temps with and without full remat, from the
+    activation_checkpointing comparison in docs/data/comparisons.json."""
+    run = json.loads((Path(__file__).resolve().parents[1] / "docs" / "data" / "comparisons.json").read_text())
+    result = next(r for r in run["results"] if r["name"] == "activation_checkpointing")
+    checks = {c["name"]: c["detail"] for c in result["checks"]}
+    none, full = (re.search(r"\(([+-][\d.]+%)\)", d).group(1) for name, d in checks.items()
+                  if name.startswith("torch saved bytes"))
+    temps = {m.group(1): int(m.group(2).replace(",", "")) for m in
+             re.finditer(r"^(GPT\(remat=\S+\)) +temps +([\d,]+)", result["jax"]["output"], re.M)}
+    text = " ".join(_memory_guide().split())
+    assert f"torch's saved bytes match the estimate for no and full recomputation ({none}, {full})" in text
+    plain, full_remat = temps["GPT(remat=None)"], temps["GPT(remat='full')"]
+    assert f"fall from {plain / 1e6:.1f} MB (`GPT`) to {full_remat / 1e6:.1f} MB" in text, temps

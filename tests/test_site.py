@@ -105,6 +105,34 @@ def test_reference_pages_are_generated_from_the_docstrings(site):
             assert f'id="{obj}"' in html, (page, obj)
 
 
+def test_module_docstrings_code_renders_as_code(site):
+    """A module docstring's torch code is a fenced block, which the reference pages show as code
+    (reST's ``::`` literal blocks came out as a stray colon and a plain paragraph)."""
+    html = (site / "reference" / "loader" / "index.html").read_text()
+    block = re.search(r'<div class="highlight"><pre>.*?</pre></div>', html[html.index("torch counterpart"):], re.S)
+    assert block and "DataLoader" in re.sub(r"<[^>]+>", "", block.group(0))
+    for page in ("loader", "train"):
+        assert "::" not in re.sub(r"<[^>]+>", "", (site / "reference" / page / "index.html").read_text()
+                                   .split('<article', 1)[1]).replace("::: ", ""), page
+
+
+def test_benchmarks_page_shows_every_saved_run_with_its_plot(site):
+    import html as html_lib
+
+    from docs_hooks import benchmarks
+
+    page = (site / "benchmarks" / "index.html").read_text()
+    assert "{{" not in page
+    text = html_lib.unescape(re.sub(r"<[^>]+>", "", page))
+    for name in benchmarks.BENCHES:
+        saved = benchmarks.load(name)
+        assert saved["run"]["command"] in text, name
+        plot = site / "img" / f"bench-{name}.svg"
+        if f"{{{{ plot {name} }}}}" in (ROOT / "docs" / "benchmarks.md").read_text():
+            assert plot.is_file() and plot.read_text().lstrip().startswith("<?xml") and "<svg" in plot.read_text()
+            assert f'src="../img/bench-{name}.svg"' in page, name
+
+
 # ----------------------------------------------------------------------------- in a browser
 @pytest.fixture(scope="module")
 def served(site):

@@ -1,17 +1,19 @@
 """Modules made of modules: a custom ``forward`` with named children, and torch's containers.
 
-``Composite(forward, **children)`` is how a torch ``nn.Module`` subclass is written here::
+``Composite(forward, **children)`` is how a torch ``nn.Module`` subclass is written here:
 
-    def BasicBlock(inplanes, planes, stride=1):
-        def forward(self, x):
-            out = self.relu(self.bn1(self.conv1(x)))
-            out = self.bn2(self.conv2(out))
-            identity = x if self.downsample is None else self.downsample(x)
-            return self.relu(out + identity)
+```python
+def BasicBlock(inplanes, planes, stride=1):
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
 
-        return nn.Composite(forward, conv1=nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False),
-                            bn1=nn.BatchNorm2d(planes), relu=nn.ReLU(), ...,
-                            downsample=None)
+    return nn.Composite(forward, conv1=nn.Conv2d(inplanes, planes, 3, stride, 1, bias=False),
+                        bn1=nn.BatchNorm2d(planes), relu=nn.ReLU(), ...,
+                        downsample=None)
+```
 
 Inside ``forward``, ``self.conv1(x)`` applies the child ``conv1`` to its own params
 (``params["conv1"]``) and state, with a fresh PRNG key and the caller's ``train`` flag;
