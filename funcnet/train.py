@@ -43,6 +43,7 @@ from funcnet.step import (
     default_metrics,
     make_step,
 )
+from funcnet.train_stream import stream
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
 
@@ -230,8 +231,6 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
                    accum_steps=accum_steps, policy=policy, loss_scale=loss_scale, strategy=strategy, devices=devices,
                    state=state, start=start, max_steps=max_steps, check_finite=check_finite)
     if _is_loader(train_data):
-        from funcnet.train_stream import stream
-
         state, start, per_epoch, batch_size, test_data, source = stream(model, tx, train_data, test_data, **options)
     else:
         state, start, per_epoch, batch_size, test_data, source = _in_memory(model, tx, train_data, test_data, **options)

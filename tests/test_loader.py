@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, checkpoint, data, guards, loader, models, nn, precision, train
+from funcnet import callbacks, data, guards, loader, models, nn, precision, train
 
 N, SHAPE = 50, (1, 6, 6)
 
