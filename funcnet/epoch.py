@@ -111,32 +111,45 @@ def _steps_between(step_fn, state, x, y, indices, lo, hi):
 
 def _run_epoch_in_parts(run_steps, state, n_examples, batch_size, start: Position, every_steps, on_steps,
                         get=lambda t: t, put=lambda t: t, until=None):
-    # The same batches and keys as run_epoch, run in stretches that end on multiples of
-    # every_steps, so on_steps can checkpoint mid-epoch and a resumed run can finish the epoch.
-    # run_steps(state, indices, lo, hi) -> (state, per-step metrics of steps lo..hi-1); get/put
-    # move a placed (data-parallel) state's leaves to and from one local copy. until: stop after
-    # step `until` of the epoch (fit's max_steps); on_steps then also runs there, with the
-    # position a resumed run continues from.
+    # The same batches and keys as run_epoch, run in stretches (``stretches``) so on_steps can
+    # checkpoint mid-epoch and a resumed run can finish the epoch. run_steps(state, indices, lo,
+    # hi) -> (state, per-step metrics of steps lo..hi-1); get/put move a placed (data-parallel)
+    # state's leaves to and from one local copy.
     if start.perm_key is None:
         key, perm_key = jax.random.split(get(state.key))
         state, parts = state._replace(key=put(key)), []
     else:
         perm_key, parts = start.perm_key, [start.metrics]
     indices = _data.epoch_indices(perm_key, n_examples, batch_size)
+    return stretches(lambda st, lo, hi: run_steps(st, indices, lo, hi), state, len(indices),
+                     lambda metrics: Position(start.epoch, perm_key, metrics), parts, every_steps, on_steps, get, until)
+
+
+def stretches(run_steps, state, per_epoch: int, position, parts: list, every_steps, on_steps, get=lambda t: t,
+              until=None):
+    """The rest of one epoch of ``per_epoch`` steps, whatever feeds them (``fit``'s arrays or a
+    ``Loader``): ``(state, per-step metrics of the whole epoch)``.
+
+    ``parts``: the per-step metrics of the steps already taken (a resumed epoch), ``run_steps(state,
+    lo, hi)`` runs steps ``lo..hi-1`` of the epoch, in stretches that end on multiples of
+    ``every_steps`` (counted in ``state.step``), after each of which ``on_steps(get(state),
+    position(metrics so far))`` runs. ``until``: stop after step ``until`` of the epoch (``fit``'s
+    ``max_steps``); ``on_steps`` then also runs there, with the position a resumed run continues
+    from. ``get`` gives one local copy of a placed (data-parallel) state."""
     done = sum(len(p["loss"]) for p in parts)
-    if done > len(indices):
-        raise ValueError(f"fit: start.metrics holds {done} steps but an epoch has {len(indices)}; "
+    if done > per_epoch:
+        raise ValueError(f"fit: start.metrics holds {done} steps but an epoch has {per_epoch}; "
                          f"pass the Position saved by the same run")
-    end = len(indices) if until is None else min(until, len(indices))
+    end = per_epoch if until is None else min(until, per_epoch)
     while done < end:
         stop = end
         if every_steps:
             stop = min(stop, done + every_steps - int(get(state.step)) % every_steps)
-        state, rows = run_steps(state, indices, done, stop)
+        state, rows = run_steps(state, done, stop)
         parts.append(rows)
         done = stop
-        if on_steps is not None and done < len(indices) and (done == end or int(get(state.step)) % every_steps == 0):
-            on_steps(get(state), Position(start.epoch, perm_key, _concat(parts)))
+        if on_steps is not None and done < per_epoch and (done == end or int(get(state.step)) % every_steps == 0):
+            on_steps(get(state), position(_concat(parts)))
     # A jax array, like run_epoch's: fit's np.mean then defers to the same jnp.mean reduction.
     return state, jax.tree.map(jnp.asarray, _concat(parts))
 

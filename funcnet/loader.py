@@ -23,7 +23,7 @@ batches already on the device (``grain.experimental.device_put``).
 - Position: batch ``s`` of the run is a pure function of ``(files, seed, batch_size, s)``;
   ``funcnet.train.fit(model, tx, loader, ...)`` takes it from ``state.step``, so a run killed
   mid-epoch and resumed from a saved ``TrainState`` sees the same batches and ends bitwise
-  equal to an uninterrupted one (``funcnet.fit_loader``).
+  equal to an uninterrupted one (``funcnet.train_stream``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ Examples:
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Callable
 
@@ -44,6 +45,7 @@ from funcnet.step import (
     default_metrics,
     make_step,
 )
+from funcnet.train_stream import stream
 
 __all__ = ["TrainState", "Position", "create_train_state", "make_step", "run_epoch", "evaluate", "fit"]
 
@@ -177,8 +179,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
 
     ``train_data``: ``(x, y)`` arrays in memory, shuffled each epoch from ``key``, in batches of
     ``batch_size``; or a ``funcnet.loader.Loader`` streaming records from disk (its own batch
-    size, order and workers; one device), whose position is ``state.step``: see
-    ``funcnet.fit_loader`` for what differs. ``test_data``: ``(x, y)`` in memory.
+    size, order and workers), whose position is ``state.step``: see ``funcnet.train_stream``
+    for what differs. Both run the same loop (records, callbacks, ``max_steps``, progress).
+    ``test_data``: ``(x, y)`` in memory.
 
     - ``precision``: ``"32"`` (default), ``"bf16-mixed"``, ``"16-mixed"`` (float16 with a
       dynamic loss scale, torch's GradScaler), a ``precision.Policy``, or
@@ -205,7 +208,7 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
       non-finite epoch loss or parameter raises ``guards.NonFiniteLossError`` naming the
       epoch, before any callback sees the record (a checkpoint keeps the last good state).
 
-    Each epoch on one device is one compiled ``lax.scan`` (``run_epoch``); per-epoch
+    Each epoch of arrays on one device is one compiled ``lax.scan`` (``run_epoch``); per-epoch
     metrics are fetched once. The old keywords ``policy``, ``loss_scale``, ``parallel``,
     ``buffers``, ``on_epoch``, ``every_steps`` and ``on_steps`` still work for one release,
     with a ``DeprecationWarning`` naming the new form.
@@ -226,11 +229,52 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
         raise ValueError(f"max_steps must be a positive int or None (no limit), got {max_steps!r}")
     callbacks = _callbacks.check(callbacks)
     policy, loss_scale = _precision.resolve_precision(precision)
+    options = dict(epochs=epochs, batch_size=batch_size, key=key, loss_fn=loss_fn, metrics=metrics,
+                   accum_steps=accum_steps, policy=policy, loss_scale=loss_scale, strategy=strategy, devices=devices,
+                   state=state, start=start, max_steps=max_steps, check_finite=check_finite)
     if _is_loader(train_data):
-        return _fit_loader(model, tx, train_data, test_data, epochs=epochs, batch_size=batch_size, key=key,
-                           loss_fn=loss_fn, metrics=metrics, accum_steps=accum_steps, policy=policy,
-                           loss_scale=loss_scale, strategy=strategy, devices=devices, callbacks=callbacks, state=state,
-                           start=start, max_steps=max_steps, progress=progress, check_finite=check_finite)
+        state, start, per_epoch, batch_size, test_data, source = stream(model, tx, train_data, test_data, **options)
+    else:
+        state, start, per_epoch, batch_size, test_data, source = _in_memory(model, tx, train_data, test_data, **options)
+    # The one loop over epochs, whatever the source: source's runner runs an epoch's steps (whole, or
+    # in stretches between on_steps callbacks, or up to max_steps), the loop makes the records.
+    history = []
+    bar = _EpochProgress(progress, epochs, start.epoch, per_epoch)
+    if bar.steps:
+        callbacks = (*callbacks, bar.callback())
+    on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
+    with source as run, bar:
+        steps_done = int(np.asarray(run.get(state.step))) if max_steps is not None else 0
+        for epoch in range(start.epoch, epochs):
+            if max_steps is not None and steps_done >= max_steps:  # reached already: nothing runs
+                break
+            in_epoch = 0 if start.metrics is None else len(next(iter(start.metrics.values())))
+            until = None
+            if max_steps is not None and in_epoch + max_steps - steps_done < per_epoch:
+                until = in_epoch + max_steps - steps_done
+            state, epoch_metrics = run.epoch(state, start, batch_size, every_steps,
+                                             on_steps if until is None else _at_stop(callbacks, on_steps, max_steps),
+                                             until=until)
+            start = Position(epoch + 1)
+            local = run.get(state)
+            record = _epoch_record(epoch + 1, local, epoch_metrics, model, test_data, loss_fn=loss_fn,
+                                  metrics=metrics, check_finite=check_finite)
+            history.append(record)
+            steps_done = record["step"]
+            if until is not None:  # stopped inside the epoch: the callbacks saw its position at the stop
+                bar.advance(record, len(next(iter(epoch_metrics.values()))))
+                break
+            if on_epoch is not None:
+                on_epoch(local, record)
+            bar.advance(record)
+    return run.get(state), history
+
+
+def _in_memory(model, tx, train_data, test_data, *, epochs, batch_size, key, loss_fn, metrics, accum_steps, policy,
+               loss_scale, strategy, devices, state, start, max_steps, check_finite):
+    """``fit``'s run over ``(x, y)`` arrays (arguments as ``fit``'s, ``precision`` resolved): ``(state
+    placed, start, steps an epoch, batch size, test_data, source)``, where ``with source as runner:`` gives the
+    ``parallel.strategy.Runner`` whose ``epoch`` shuffles and gathers the batches on the device."""
     if batch_size is None:
         raise TypeError("fit: batch_size is needed for (x, y) arrays, e.g. fit(..., batch_size=128); a "
                         "funcnet.loader.Loader brings its own")
@@ -255,60 +299,13 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     if state is None:
         state = fresh_state()
     _check_label_range(model, state.params, state.model_state, {"train": train_data, "test": test_data})
-    state = run.put(state)
-    history = []
-    per_epoch = len(x_tr) // batch_size
-    bar = _EpochProgress(progress, epochs, start.epoch, per_epoch)
-    if bar.steps:
-        callbacks = (*callbacks, bar.callback())
-    on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
-    steps_done = int(np.asarray(run.get(state.step))) if max_steps is not None else 0
-    with bar:
-        for epoch in range(start.epoch, epochs):
-            in_epoch = 0 if start.metrics is None else len(next(iter(start.metrics.values())))
-            until = None
-            if max_steps is not None and in_epoch + max_steps - steps_done < per_epoch:
-                until = in_epoch + max(0, max_steps - steps_done)
-                if until == 0:  # the limit was reached at the end of the last epoch
-                    break
-            state, epoch_metrics = run.epoch(state, start, batch_size, every_steps,
-                                             on_steps if until is None else _at_stop(callbacks, on_steps, max_steps),
-                                             until=until)
-            start = Position(epoch + 1)
-            local = run.get(state)
-            record = _epoch_record(epoch + 1, local, epoch_metrics, model, test_data, loss_fn=loss_fn,
-                                  metrics=metrics, check_finite=check_finite)
-            history.append(record)
-            steps_done = record["step"]
-            if until is not None:  # stopped inside the epoch: the callbacks saw its position at the stop
-                bar.advance(record, len(next(iter(epoch_metrics.values()))))
-                break
-            if on_epoch is not None:
-                on_epoch(local, record)
-            bar.advance(record)
-            if max_steps is not None and steps_done >= max_steps:
-                break
-    return run.get(state), history
+    return run.put(state), start, len(x_tr) // batch_size, batch_size, test_data, contextlib.nullcontext(run)
 
 
 def _is_loader(data) -> bool:
     from funcnet.loader import Loader  # no grain or torch at import: the loader reads them lazily
 
     return isinstance(data, Loader)
-
-
-def _fit_loader(model, tx, loader, test_data, *, batch_size, strategy, devices, **kw):
-    """``fit`` over a streaming ``Loader`` (``funcnet.fit_loader``): one device, the loader's batch size."""
-    from funcnet.fit_loader import fit_loader
-
-    if strategy is not None or devices not in (None, 1):
-        raise ValueError(f"fit: strategy={strategy!r}, devices={devices!r} with a funcnet.loader.Loader: streamed "
-                         f"batches train on one device (data parallelism over them is not built); leave strategy "
-                         f"and devices out, or train in memory with fit(model, tx, (x, y), devices=N)")
-    if batch_size is not None and batch_size != loader.batch_size:
-        raise ValueError(f"fit: batch_size={batch_size!r} but the Loader gives batches of {loader.batch_size}; leave "
-                         f"batch_size out (the Loader's is used) or build the Loader with batch_size={batch_size!r}")
-    return fit_loader(model, tx, loader, test_data, progress_bar=_EpochProgress, epoch_record=_epoch_record, **kw)
 
 
 def _at_stop(callbacks, on_steps, max_steps):

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, checkpoint, data, guards, loader, models, nn, precision, train
+from funcnet import callbacks, data, guards, loader, models, nn, precision, train
 
 N, SHAPE = 50, (1, 6, 6)
 
@@ -159,8 +159,8 @@ def test_bad_arguments_are_named(records, tmp_path):
         fit(state=state, start=train.Position(1, metrics={"loss": np.zeros(3)}))
     with pytest.raises(ValueError, match="start.perm_key is for in-memory data"):
         fit(state=state, start=train.Position(0, jax.random.key(1), {"loss": np.zeros(3)}))
-    with pytest.raises(ValueError, match=r"strategy=None, devices=2 with a funcnet.loader.Loader"):
-        fit(devices=2)
+    with pytest.raises(ValueError, match="a global batch of 8 examples does not split evenly over 3 devices"):
+        fit(devices=3)
     with pytest.raises(ValueError, match="batch_size=4 but the Loader gives batches of 8"):
         fit(batch_size=4)
     with pytest.raises(ValueError, match="accum_steps must be a positive int dividing the loader's batch_size 8"):
@@ -225,3 +225,49 @@ def test_a_nan_in_the_records_stops_the_run_before_on_epoch(tmp_path):
     assert seen == []  # a checkpointing on_epoch never saw the bad state
     _, history = train.fit(model, tx, lo, epochs=1, key=jax.random.key(0), progress=False, check_finite=False)
     assert np.isnan(history[0]["train_loss"])  # the NaN does reach the loss: the guard is what stopped it
+
+
+def _records_in_fits_order(directory, x, y, batch_size, seed, model, tx, key):
+    """Records whose ``Loader(directory, batch_size, seed=seed)`` visits, in its first epoch,
+    the batches ``fit(model, tx, (x, y), batch_size=batch_size, key=key)`` takes in its first
+    (``len(x)`` a multiple of ``batch_size``): the loader's order read from records of the
+    example ids, fit's drawn from the state's key as its epoch draws it."""
+    n = len(x)
+    ids = loader.write_records(directory / "ids", np.arange(n, dtype=np.float32)[:, None], np.zeros(n, int))
+    with loader.Loader(ids, batch_size, seed=seed).batches(0, n // batch_size) as batches:
+        visits = np.concatenate([b[:, 0] for b, _ in _host(batches)]).astype(int)
+    perm_key = jax.random.split(train.create_train_state(model, tx, key).key)[1]
+    takes = np.asarray(data.epoch_indices(perm_key, n, batch_size)).reshape(-1)
+    order = np.empty(n, int)
+    order[visits] = takes  # record visits[i] holds example takes[i]
+    return loader.write_records(directory / "ordered", x[order], y[order])
+
+
+@pytest.mark.parametrize("options", [dict(strategy="shard_map", devices=2), dict(accum_steps=2),
+                                     dict(precision="16-mixed")], ids=["shard_map", "accum_steps", "loss_scale"])
+def test_a_loader_trains_as_arrays_do_on_the_same_batches(options, tmp_path):
+    # The in-memory path is the oracle: the same batches in the same order give the same params,
+    # bit for bit (the same step program; one epoch, so fit's per-epoch key split of the
+    # arrays' path is not yet seen by a step, and the model draws no keys).
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(48, 8)).astype(np.float32), rng.integers(0, 3, size=48).astype(np.int32)
+    model, tx = nn.MLP([8, 16, 3]), optax.adam(1e-2)
+    directory = _records_in_fits_order(tmp_path, x, y, 8, 4, model, tx, jax.random.key(0))
+    ours, our_history = train.fit(model, tx, loader.Loader(directory, 8, seed=4), epochs=1, key=jax.random.key(0),
+                                  progress=False, **options)
+    theirs, their_history = train.fit(model, tx, (x, y), epochs=1, batch_size=8, key=jax.random.key(0),
+                                      progress=False, **options)
+    assert int(ours.step) == int(theirs.step) == 6 and our_history == their_history
+    for a, b in zip(jax.tree.leaves((ours.params, ours.opt_state)), jax.tree.leaves((theirs.params, theirs.opt_state))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    before = train.create_train_state(model, tx, jax.random.key(0)).params
+    assert not np.array_equal(np.asarray(jax.tree.leaves(ours.params)[0]), np.asarray(jax.tree.leaves(before)[0]))
+
+
+def test_a_long_loader_epoch_shows_its_step_count(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(200, 3)).astype(np.float32), rng.integers(0, 2, size=200)
+    lo = loader.Loader(loader.write_records(tmp_path, x, y), 1)  # 200 steps an epoch: fit's bar counts them
+    state, history = train.fit(nn.MLP([3, 2]), optax.sgd(0.1), lo, epochs=1, key=jax.random.key(0), max_steps=150)
+    shown = capsys.readouterr().out
+    assert "step 150/200" in shown and int(state.step) == 150 and history[-1]["step"] == 150

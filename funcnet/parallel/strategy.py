@@ -42,7 +42,7 @@ from funcnet.parallel import tensor as _tp
 from funcnet.parallel import zero as _zero
 from funcnet.step import TrainState, make_step
 
-__all__ = ["Strategy", "STRATEGIES", "Runner", "resolve", "runner"]
+__all__ = ["Strategy", "STRATEGIES", "Runner", "BatchRunner", "resolve", "runner", "batch_runner"]
 
 STRATEGIES = ("single", "pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp", "pipe")
 AXES = ("data", "fsdp", "model", "pipe")  # the one mesh every sharded strategy is a slice of
@@ -127,14 +127,7 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    if strategy.kind == "pipe":
-        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
-    elif strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
-        dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
-    else:
-        dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
-                                     buffers=strategy.buffers, **step_options)
-    _parallel.check_batch_size(batch_size, dp)
+    dp = _placed(model, tx, loss_fn, strategy, devices, batch_size, state_shapes, step_options)
     x_host, y_host = np.asarray(x), np.asarray(y)
 
     def run_steps(state, indices, lo, hi):
@@ -145,6 +138,48 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
                                    dp.get, dp.put_state, until)
 
     return Runner(strategy, dp.n_devices, epoch, dp.put_state, dp.get)
+
+
+class BatchRunner(NamedTuple):
+    """A strategy's step for batches that arrive one at a time (a ``loader.Loader``'s):
+    ``step(state, batch) -> (state, metrics)`` with ``state`` placed by ``put`` and the metrics
+    one local copy; ``get`` gives one local copy of a placed tree."""
+
+    strategy: Strategy
+    n_devices: int
+    step: Callable
+    put: Callable
+    get: Callable
+
+
+def batch_runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, batch_size: int, *,
+                 state_shapes: Callable[[], TrainState], **step_options) -> BatchRunner:
+    """The ``BatchRunner`` of ``strategy`` for batches of ``batch_size`` (arguments as ``runner``'s):
+    the same step as ``runner``'s epochs take, fed one batch at a time. On one device it is
+    ``make_step``'s step, which checks each batch's labels."""
+    if strategy.kind == "single":
+        same = lambda t: t  # noqa: E731
+        return BatchRunner(strategy, 1, make_step(model, tx, loss_fn, **step_options), same, same)
+    dp = _placed(model, tx, loss_fn, strategy, devices, batch_size, state_shapes, step_options)
+
+    def step(state, batch):
+        state, metrics = dp.step(state, dp.put_batch(batch))
+        return state, dp.get(metrics)
+
+    return BatchRunner(strategy, dp.n_devices, step, dp.put_state, dp.get)
+
+
+def _placed(model, tx, loss_fn, strategy: Strategy, devices, batch_size: int, state_shapes, step_options):
+    """The ``parallel.DataParallel`` of a strategy other than ``"single"``, its batch size checked."""
+    if strategy.kind == "pipe":
+        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    elif strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
+        dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+    else:
+        dp = _parallel.data_parallel(model, tx, loss_fn, kind=strategy.kind, devices=devices,
+                                     buffers=strategy.buffers, **step_options)
+    _parallel.check_batch_size(batch_size, dp)
+    return dp
 
 
 def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_shapes, step_options):
