@@ -62,7 +62,6 @@ CLI_CASES = [
     # issue 14: streaming from disk
     (["--workers", "2"], "--workers 2 sets the processes that read --stream's records; pass --stream DIR"),
     (["--stream", "{file}"], "--stream {file} is a file; pass a folder of records"),
-    (["--stream", "{empty}/s", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
     (["--stream", "{empty}/s", "--model", "gpt"], "--model gpt trains on --dataset text in memory"),
     (["--remat", "full"], "--remat set the GPT; --model mlp has no such setting"),
     # issue 20: the reliability probe

@@ -63,6 +63,18 @@ def test_writes_the_split_once_then_reads_it_and_trains_as_fit_on_a_loader(tmp_p
     for k, v in state_dict(state.params, model=model).items():
         np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
 
+    # data-parallel from the same records: the command passes --devices to fit as the library call does
+    status, out, err = run_main(["train", *TINY, "--epochs", "1", "--stream", str(records), "--devices", "2",
+                                 "--out", str(tmp_path / "dp")])
+    assert status == 0, err
+    assert "devices: 2 (cpu, simulated)" in out, out
+    state, history = train.fit(model, optax.adam(1e-3), loader.Loader(records, 128, seed=0), (x_te, y_te),
+                               epochs=1, devices=2, key=jax.random.key(0), progress=False)
+    params, text = _outputs(tmp_path / "dp")
+    assert json.loads(text)["history"] == history
+    for k, v in state_dict(state.params, model=model).items():
+        np.testing.assert_array_equal(params[k], np.asarray(v), err_msg=k)
+
     # --max-steps stops inside epoch 2 (11 steps an epoch), as fit(max_steps=) on the Loader does
     status, out, err = run_main(["train", *TINY, "--epochs", "2", "--max-steps", "15", "--stream", str(records),
                                  "--out", str(tmp_path / "c")])
@@ -156,8 +168,6 @@ def folders(tmp_path_factory):
     (["--workers", "2"], "--workers 2 sets the processes that read --stream's records; pass --stream DIR to train "
                          "from records on disk, or leave --workers out"),
     (["--workers", "-1"], "argument --workers: expected an integer >= 0, got -1"),
-    (["--stream", "{root}/new", "--devices", "2"], "--devices 2 is not supported with --stream yet"),
-    (["--stream", "{root}/new", "--parallel", "pmap"], "--parallel pmap is not supported with --stream yet"),
     (["--stream", "{root}/new", "--model", "gpt"],
      "--model gpt trains on --dataset text in memory: leave --stream out"),
     (["--stream", ""], "--stream is empty"),

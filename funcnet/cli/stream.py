@@ -105,10 +105,6 @@ def _check_stream_flags(args) -> None:
     if args.model in ("gpt", "lstm"):
         raise UsageError(f"--stream {args.stream} reads image or feature records with class labels; --model "
                          f"{args.model} trains on --dataset text in memory: leave --stream out")
-    if args.devices > 1 or args.parallel is not None:
-        given = f"--devices {args.devices}" if args.devices > 1 else f"--parallel {args.parallel}"
-        raise UsageError(f"{given} is not supported with --stream yet (streamed batches train on one device); "
-                         f"leave {given.split()[0]} out, or drop --stream to train data-parallel in memory")
     if Path(args.stream).exists() and not Path(args.stream).is_dir():
         raise UsageError(f"--stream {args.stream} is a file; pass a folder of records (funcnet.loader.write_records) "
                          f"or an empty or missing one, where the training split of --dataset is written")
