@@ -19,12 +19,15 @@ is traced: a jitted function keeps the strategy it was traced with).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from funcnet.nn.functional.conv_depthwise import depthwise_conv, live_taps, live_weight, shifted, taps_sum
+from jax.custom_derivatives import SymbolicZero
+
+from funcnet.nn.functional.conv_depthwise import depthwise_conv, live_taps, live_weight, shifted, taps_sum, tree_sum
 
 __all__ = ["STRATEGIES", "choose", "convolve", "strategy"]
 
@@ -111,6 +114,13 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
 
 
 def _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps):
+    if groups == 1 and all(d == 1 for d in lhs_dilation) and \
+            x.shape[1] * math.prod(len(t) for t in taps) <= SHORT_CONTRACTION:
+        return _short_sum(x, w, tuple(stride), tuple(pads), tuple(rhs_dilation), tuple(out), tuple(taps))
+    return _patches_einsum(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps)
+
+
+def _patches_einsum(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps):
     n = x.ndim - 2
     cols, w = shifted(x, stride, pads, lhs_dilation, rhs_dilation, out, taps), live_weight(w, taps)
     batch, channels, n_taps = x.shape[0], x.shape[1], len(cols)
@@ -121,3 +131,31 @@ def _im2col(x, w, stride, pads, lhs_dilation, rhs_dilation, groups, out, taps):
     y = jnp.einsum(f"ngct{letters},goct->ngo{letters}", patches, w, precision=jax.lax.Precision.HIGHEST)
     return y.reshape(batch, -1, *out)
 
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _short_sum(x, w, stride, pads, rhs_dilation, out, taps):
+    """A convolution whose outputs each sum at most ``SHORT_CONTRACTION`` products (1-3 input
+    channels, a 3x3 kernel: a first layer), written out as the sum over input channels and taps
+    of the shifted input times that weight, one fused loop (a balanced tree of adds): half the
+    time of the patches' matrix multiply, whose contraction is too short to pay for the patches
+    and the transposes around it (8x3x32x32 3x3 -> 32: 0.24 against 0.53 ms, torch 0.30). Its
+    derivatives are the patches' einsum (``_patches_einsum``), linear in each argument, so
+    reverse mode transposes that as before and forward mode works."""
+    n = x.ndim - 2
+    cols, w = shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps), live_weight(w, taps)
+    w = w.reshape(w.shape[0], x.shape[1], len(cols))
+    return tree_sum([col[:, c, None] * w[:, c, t].reshape(-1, *(1,) * n)
+                     for t, col in enumerate(cols) for c in range(x.shape[1])])
+
+
+def _short_sum_jvp(stride, pads, rhs_dilation, out, taps, primals, tangents):
+    x, w = primals
+    dx, dw = tangents
+    lhs_dilation = (1,) * len(stride)
+    y = _short_sum(x, w, stride, pads, rhs_dilation, out, taps)
+    terms = [_patches_einsum(a, b, stride, pads, lhs_dilation, rhs_dilation, 1, out, taps)
+             for a, b in ((dx, w), (x, dw)) if not isinstance(a if a is dx else b, SymbolicZero)]
+    return y, (tree_sum(terms) if terms else jnp.zeros_like(y))
+
+
+_short_sum.defjvp(_short_sum_jvp, symbolic_zeros=True)
