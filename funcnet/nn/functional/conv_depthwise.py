@@ -24,6 +24,7 @@ import numpy as np
 __all__ = ["FLAT_WIDTH", "FUSED_PAD_TAPS", "SUMMED_SLICES", "BAND_WIDTH", "depthwise_conv", "live_taps", "live_weight",
            "shifted", "taps_product", "taps_sum", "tree_sum"]
 
+
 def live_taps(size: int, lo: int, lhs_dilation: int, out: int, stride: int, dilation: int, kernel: int):
     """The kernel taps along one axis that meet input data (not padding) at some output position."""
     data = {lo + i * lhs_dilation for i in range(size)}
@@ -168,7 +169,8 @@ def depthwise_conv(x, w, stride, pads, rhs_dilation):
     a tap sum too: the transposed convolution written as a forward one (the output gradient
     dilated by the stride, padded, against the flipped kernel), one fused loop where autodiff
     of the forward gives one pad per tap. The weight gradient is banded (``_weight_grad_banded``)
-    where that pays, autodiff's otherwise. A ``custom_vjp`` whose backward is plain jnp, so a
+    where that pays, else summed over the batch before one reduction (``_weight_grad_taps``).
+    A ``custom_vjp`` whose backward is plain jnp, so a
     gradient of a gradient (torch's ``create_graph=True``: gradient penalties, meta-learning)
     differentiates through it; forward mode (``jax.jvp``, ``jax.hessian``) is refused by JAX for a
     ``custom_vjp`` and runs under ``strategy("xla")`` (docs/design.md)."""

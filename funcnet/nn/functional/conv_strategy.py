@@ -1,5 +1,5 @@
-"""How a convolution is computed: XLA's ``lax.conv_general_dilated`` or patches + one ``einsum``
-(im2col), chosen at trace time from static shapes.
+"""How a convolution is computed: XLA's ``lax.conv_general_dilated``, patches + one ``einsum``
+(im2col) or a sum over kernel taps, chosen at trace time from static shapes.
 
 XLA:CPU runs some convolutions on a slow path: a kernel that covers (almost) all of a small
 input, as the last stage of a ResNet at 2x2 or 1x1 spatial, is lowered with batch-last
@@ -7,13 +7,14 @@ dimension labels and a reversed kernel and runs 10-50x slower than torch. The sa
 convolution as zero padding, one strided slice per kernel tap and one ``dot_general`` over
 (channels, taps) takes a matrix multiply's time. Taps that only ever meet padding are dropped
 first (a 3x3 kernel with padding 1 on a 1x1 input is a 1x1 kernel: a plain matrix multiply).
-A depthwise convolution with one output per channel (``conv_depthwise.depthwise_conv``) has its own gradients:
-the input gradient as a forward tap sum, the weight gradient banded on narrow inputs.
+Where each output sums at most ``SHORT_CONTRACTION`` products, the forward writes that sum out
+(``_short_sum``), the einsum its derivative. Depthwise convolutions are sums over taps
+(``conv_depthwise``), with their own gradients when each channel has one output.
 The rule (``choose``) and the measurements behind it are in docs/design.md, "Convolution
 strategy".
 
-``strategy("xla" | "im2col" | "auto")`` forces one (a context manager, read when a function
-is traced: a jitted function keeps the strategy it was traced with).
+``strategy("xla" | "im2col" | "taps" | "auto")`` forces one (a context manager, read when a
+function is traced: a jitted function keeps the strategy it was traced with).
 """
 
 from __future__ import annotations
