@@ -1,6 +1,7 @@
 """Convolutions on the CPU: funcnet against torch eager and XLA's own convolution, by shape and in whole models.
 
     python benchmarks/conv.py [--single-thread] [--cpu-time] [--quick] [--part sweep|models|all] [--json out.json]
+                              [--baseline old_conv_strategy.py]
 
 1. The sweep: one convolution per row (spatial 1-56, channels 3-512, kernel 1/3/7, stride 1/2,
    groups 1 and depthwise, batch 1-64), forward and a train step (input and weight gradients),
@@ -12,6 +13,10 @@
    and a MobileNetV3-style stack (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
    hardswish), both converted: forward (eval) and an SGD-momentum train step, against torch
    eager and torch.compile (``--compile``; it needs a C++ compiler and minutes per model).
+
+``--baseline FILE`` times another version of ``conv_strategy.py`` (say ``git show
+main:funcnet/nn/functional/conv_strategy.py > /tmp/old.py``) as a column of the sweep beside
+the current one, in the same rounds: a before/after measured side by side.
 
 Times are medians of interleaved rounds (A, B, C, A, B, C, ...), so a load change hits every
 implementation alike; the load average is printed with the figures. Every row first checks
@@ -44,6 +49,7 @@ QUICK_SWEEP = [(2, 8, 8, 2, 3, 1, 1), (2, 8, 8, 8, 3, 1, 1), (2, 8, 8, 6, 3, 2, 
 
 
 CLOCK = [time.perf_counter]  # --cpu-time: time.process_time, this process's CPU time
+BASELINE = []  # --baseline: the other conv_strategy module's convolve
 
 
 def _timer(fn, reps):
@@ -98,9 +104,9 @@ def sweep_row(shape, rounds, reps):
     x, w = jnp.asarray(x_np), jnp.asarray(w_np)
     args = (stride, k // 2, 1, groups)
 
-    def jitted(how):
+    def jitted(how, convolve=None):
         def f(x, w):
-            with strategy(how):
+            with strategy(how), _convolving(convolve):
                 return conv2d(x, w, None, *args)
         fwd = jax.jit(f)
         step = jax.jit(jax.grad(lambda x, w, g: jnp.vdot(f(x, w), g), argnums=(0, 1)))
@@ -125,12 +131,46 @@ def sweep_row(shape, rounds, reps):
         torch.nn.functional.conv2d(tx, tw, None, *args).backward(tg)
         return tw.grad
 
-    fwd = interleaved({"funcnet": lambda: ours_f(x, w), "lax.conv": lambda: lax_f(x, w), "torch": torch_fwd},
-                      rounds, reps)
-    step = interleaved({"funcnet": lambda: ours_s(x, w, g), "lax.conv": lambda: lax_s(x, w, g),
-                        "torch": torch_step}, rounds, reps)
+    fwd_runners = {"funcnet": lambda: ours_f(x, w), "lax.conv": lambda: lax_f(x, w), "torch": torch_fwd}
+    step_runners = {"funcnet": lambda: ours_s(x, w, g), "lax.conv": lambda: lax_s(x, w, g), "torch": torch_step}
+    if BASELINE:
+        base_f, base_s = jitted("auto", BASELINE[0])
+        err = max(err, float(np.max(np.abs(np.asarray(base_f(x, w)) - ref))))
+        ok = err <= 1e-5 * max(1.0, np.sqrt(c // groups * k * k))
+        fwd_runners["baseline"], step_runners["baseline"] = lambda: base_f(x, w), lambda: base_s(x, w, g)
+    fwd = interleaved(fwd_runners, rounds, reps)
+    step = interleaved(step_runners, rounds, reps)
     return {"shape": {"batch": n, "cin": c, "cout": o, "spatial": s, "kernel": k, "stride": stride, "groups": groups},
             "forward_ms": fwd, "train_ms": step, "max_abs_err": err, "ok": bool(ok)}
+
+
+def _convolving(convolve):
+    """Trace convolutions through ``convolve`` (another version's) inside the block."""
+    import contextlib
+
+    from funcnet.nn.functional import conv as conv_module
+
+    if convolve is None:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def swapped():
+        current, conv_module.convolve = conv_module.convolve, convolve
+        try:
+            yield
+        finally:
+            conv_module.convolve = current
+    return swapped()
+
+
+def load_baseline(path: str):
+    """The ``convolve`` of the conv_strategy module at ``path``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baseline_conv_strategy", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.convolve
 
 
 def sweep(shapes, rounds, reps, console):
@@ -148,7 +188,9 @@ def sweep(shapes, rounds, reps, console):
         console.print(f"{name:<44} {f['funcnet']:>15.2f} {f['lax.conv']:>8.2f} {f['torch']:>8.2f} "
                       f"{f['funcnet'] / f['torch']:>10.2f} {f['lax.conv'] / f['torch']:>9.2f} | "
                       f"{t['funcnet']:>17.2f} {t['lax.conv']:>8.2f} {t['torch']:>8.2f} "
-                      f"{t['funcnet'] / t['torch']:>10.2f} {t['lax.conv'] / t['torch']:>9.2f}")
+                      f"{t['funcnet'] / t['torch']:>10.2f} {t['lax.conv'] / t['torch']:>9.2f}"
+                      + (f" | baseline/torch {f['baseline'] / f['torch']:.2f} / {t['baseline'] / t['torch']:.2f}"
+                         if "baseline" in f else ""))
     return rows
 
 
@@ -165,12 +207,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", nargs="+", type=int, default=None, help="only these rows of the sweep (0-based)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (minutes per model)")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    parser.add_argument("--baseline", default=None, metavar="FILE",
+                        help="another conv_strategy.py whose convolve the sweep times beside the current one")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time this process's CPU time, not wall time: steadier on a busy machine (with "
                              "--single-thread both frameworks do the same work on one thread either way)")
     args = parser.parse_args(argv)
     if args.cpu_time:
         CLOCK[0] = time.process_time
+    if args.baseline:
+        BASELINE.append(load_baseline(args.baseline))
     if args.single_thread:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     import jax

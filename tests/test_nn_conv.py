@@ -168,33 +168,48 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
 
 
-def test_depthwise_gradients_equal_autodiff_of_xla_first_and_second_order():
-    """The depthwise convolution's own gradients (input: a forward tap sum; weight: banded at
-    this width) against plain autodiff of XLA's convolution, float64: the gradient, and the
-    gradient of a gradient (torch's create_graph=True) through the custom_vjp's backward.
-    Forward mode is JAX's refusal for a custom_vjp, and runs under strategy("xla")."""
+# (input shape, kernel, padding): each of the tap sum's formulations (conv_depthwise.taps_sum)
+# in the forward and the input gradient, and each weight gradient
+DEPTHWISE_FORMS = {
+    "row-bands+banded-weight": ((2, 4, 5, 6), (3, 5), (1, 2)),
+    "flat+banded-weight": ((2, 4, 4, 4), (5, 5), (2, 2)),
+    "fused-pad+weight-summed-over-batch": ((2, 4, 6, 12), (3, 3), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("form", DEPTHWISE_FORMS)
+def test_depthwise_gradients_equal_autodiff_of_xla_first_and_second_order(form):
+    """The depthwise convolution's own gradients (input: a forward tap sum; weight: banded on
+    narrow inputs, else summed over the batch before a reduction) against plain autodiff of
+    XLA's convolution, float64: the gradient, and the gradient of a gradient (torch's
+    create_graph=True) through the custom_vjp's backward. Forward mode is JAX's refusal for a
+    custom_vjp, and runs under strategy("xla")."""
     from funcnet.nn.functional import conv2d
 
+    shape, kernel, padding = DEPTHWISE_FORMS[form]
     rng = np.random.default_rng(2)
-    x, w = rng.standard_normal((2, 4, 5, 6)), rng.standard_normal((4, 1, 3, 5))
-    tx, tw, g = rng.standard_normal(x.shape), rng.standard_normal(w.shape), rng.standard_normal((2, 4, 5, 6))
+    x, w = rng.standard_normal(shape), rng.standard_normal((4, 1, *kernel))
+    tx, tw, g = rng.standard_normal(x.shape), rng.standard_normal(w.shape), rng.standard_normal(shape)
 
     def conv(how):
         def f(x, w):
             with strategy(how):
-                return conv2d(x, w, None, 1, (1, 2), 1, 4)
+                return conv2d(x, w, None, 1, padding, 1, 4)
         return f
+
+    def first(f):
+        return jax.jit(lambda x, w: jax.vjp(f, x, w)[1](g))(x, w)
 
     def penalty(f):  # a gradient penalty: the squared norm of the input gradient, differentiated again
         grad_x = lambda x, w: jax.vjp(lambda x: f(x, w), x)[1](g)[0]
-        return jax.grad(lambda x, w: jnp.sum(grad_x(x, w) ** 2), argnums=(0, 1))(x, w)
+        return jax.jit(jax.grad(lambda x, w: jnp.sum(grad_x(x, w) ** 2), argnums=(0, 1)))(x, w)
 
     with jax.enable_x64(True):
         ours, plain = conv("auto"), conv("xla")
-        # float64, two formulations of the same sums: a weight gradient reduces 2 x 5 x 6 = 60 products,
-        # the penalty composes two such convolutions of 15 taps each: a few eps per term
-        terms = 15 * 60
-        for f in (lambda f: jax.vjp(f, x, w)[1](g), penalty):
+        # float64, two formulations of the same sums: a weight gradient reduces batch x positions
+        # products, the penalty composes two such convolutions of kernel-size taps: a few eps per term
+        terms = math.prod(kernel) * shape[0] * shape[2] * shape[3]
+        for f in (first, penalty):
             for a, b in zip(jax.tree.leaves(f(ours)), jax.tree.leaves(f(plain))):
                 tol = np.finfo(np.float64).eps * terms
                 np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())

@@ -4,9 +4,9 @@ implementation the layers of ``funcnet.nn.conv`` call.
 Layouts are torch's: activations channels-first ``(N, C, *spatial)`` (or unbatched
 ``(C, *spatial)``), weights ``(out, in/groups, *kernel)`` for a convolution and
 ``(in, out/groups, *kernel)`` for a transposed one. The math is
-``conv_strategy.convolve``: one ``jax.lax.conv_general_dilated`` or patches + one ``einsum``,
-chosen per shape, at ``Precision.HIGHEST`` (the default precision may run float32 through
-bfloat16 passes on accelerators, and torch's CPU kernels do not).
+``conv_strategy.convolve``: one ``jax.lax.conv_general_dilated``, patches + one ``einsum`` or
+a sum over kernel taps, chosen per shape, at ``Precision.HIGHEST`` (the default precision may
+run float32 through bfloat16 passes on accelerators, and torch's CPU kernels do not).
 """
 
 from __future__ import annotations
