@@ -1,0 +1,112 @@
+"""The guides' figures that come from the memory planner's arithmetic or from a saved example run.
+
+The planner (``funcnet.memory``) is pure arithmetic, so its figures in docs/guides/memory.md are
+recomputed here from the code itself. The port examples' and the character-level GPT's figures
+(docs/guides/port-and-train.md, docs/guides/language-model.md) come from full example runs, minutes
+each, saved with their command, date, machine and load by
+``python -m docs_hooks.save_bench --example NAME [ARGS]`` as docs/data/example_NAME[-FLAG].json;
+these tests compare the pages with those runs (tests/test_examples.py runs each example at its
+``--quick`` setting, and in full with ``FUNCNET_FULL_EXAMPLES=1``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+
+from docs_hooks import save_bench
+from funcnet import memory
+from funcnet.cli import memory as memory_command
+from funcnet.memory import layout
+
+ROOT = Path(__file__).resolve().parents[1]
+GB = 80 * 10**9
+
+
+def _text(page: str) -> str:
+    return " ".join((ROOT / "docs" / page).read_text().split())  # lines joined, as the page shows them
+
+
+def _example(name: str, *args: str) -> str:
+    """The saved run's standard output, after checking that it records where and how it ran."""
+    path = save_bench.example_path(name, args)
+    assert path.exists(), f"{path.relative_to(ROOT)}: no saved run; python -m docs_hooks.save_bench --example " \
+                          f"{' '.join((name, *args))}"
+    saved = json.loads(path.read_text())
+    run = saved["run"]
+    assert run["command"] == " ".join(["python", f"examples/{name}.py", *args]), run["command"]
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2} UTC", run["date"]) and len(run["load"]) == 2, run
+    assert "cores" in run["machine"] and {"jax", "torch"} <= set(run["versions"]), run
+    return saved["result"]["stdout"]
+
+
+# ----------------------------------------------------------------------------- memory.md: the planner
+def test_the_memory_guides_articles_figures_are_the_estimates():
+    """The articles' 7B table, the counted 7B shape's parts and which batch x length the 20-50 GB covers."""
+    text = _text("guides/memory.md")
+    est = memory.estimate("7B", "adam")
+    assert (f"{est.params / 1e9:.0f} GB of params, {est.grads / 1e9:.0f} GB of gradients and "
+            f"{est.optimizer / 1e9:.0f} GB of Adam state ({est.total / 1e9:.0f} GB)") in text
+    low, high = (memory.estimate("7B", "adam", activations=a * 10**9).total for a in (20, 50))
+    assert f"With 20-50 GB of activations that comes to {low / 1e9:.0f}-{high / 1e9:.0f} GB" in text
+
+    n = memory.transformer_params(32, 4096, 32000, 2048)
+    act = memory.transformer_activations(32, 4096, 32, 2048, 1, vocab=32000)  # the CLI's defaults: 16 bits, dropout
+    shape = memory.estimate(n, "adam", activations=act)
+    assert (f"for the {n / 1e9:.2f}B parameters of that shape, {shape.params / 1e9:.2f} GB params + "
+            f"{shape.grads / 1e9:.2f} GB grads + {shape.optimizer / 1e9:.2f} GB Adam + {act / 1e9:.2f} GB of "
+            f"activations at batch 1 × 2048 tokens") in text
+    inside = [f"{b}×{s}" for b in memory_command.GRID_BATCH for s in memory_command.GRID_SEQ
+              if 20e9 <= memory.transformer_activations(32, 4096, 32, s, b, vocab=32000) <= 50e9]
+    assert f"The articles' \"20-50 GB\" holds at {', '.join(inside[:-1])} and {inside[-1]}." in text
+
+
+SEVEN_B = layout.Shape(n_layer=32, n_embd=4096, n_head=32, vocab_size=32000, block_size=2048, batch=8)
+SEVENTY_B = layout.Shape(n_layer=80, n_embd=8192, n_head=64, vocab_size=32000, block_size=4096, batch=8)
+
+
+def _layout_row(name: str, shape: layout.Shape, n: int) -> str:
+    """One row of the guide's 7B/70B table, computed by the planner: GB per GPU of five layouts, how many
+    layouts fit and the smallest fitting one."""
+    shape = shape._replace(batch=n)  # one sequence per GPU
+    columns = [layout.Layout(dp=n), layout.Layout(fsdp=n), layout.Layout(dp=n // 8, tp=8, sp=True, remat="selective"),
+               layout.Layout(fsdp=n // 8, tp=8, sp=True, remat="selective"), layout.Layout(fsdp=n, remat="full")]
+    cells = []
+    for column in columns:
+        p = layout.plan(shape, column._replace(precision="bf16"), device_memory=GB)
+        cells.append(f"{p.total / 1e9:.0f}{'' if p.fits else ' ✗'}")
+    every = layout.layouts(n, shape, sp=(False, True))
+    fitting = sum(bool(layout.plan(shape, lay, device_memory=GB).fits) for lay in every)
+    best = layout.smallest_fitting(n, shape, GB, sp=(False, True))
+    smallest = "none" if best is None else (
+        f"{str(best.layout).replace('remat none', 'no remat').replace('remat full', 'full remat')} "
+        f"({best.total / 1e9:.1f} GB)")
+    return f"| {name}, seq {shape.block_size} | {n} | " + " | ".join(cells) + f" | {fitting} / {len(every)} | {smallest} |"
+
+
+def test_the_memory_guides_7b_and_70b_layout_table_is_the_planners():
+    """Every cell of the table recomputed from funcnet.memory.layout, and the prose under it."""
+    guide = (ROOT / "docs" / "guides" / "memory.md").read_text()
+    rows = [_layout_row(name, shape, n) for name, shape in (("7B", SEVEN_B), ("70B-like", SEVENTY_B)) for n in (8, 64)]
+    missing = [row for row in rows if row not in guide]
+    assert not missing, f"rows of the planner's table not in docs/guides/memory.md: {missing}"
+    text = " ".join(guide.split())
+    n7, n70 = (layout._param_count(s, layout.Layout()) for s in (SEVEN_B, SEVENTY_B))
+    assert f"(LLaMA-7B's shape with a GELU MLP, {n7 / 1e9:.1f}e9 parameters)" in text
+    assert f"(80 layers, h 8192, 64 heads, {n70 / 1e9:.1f}e9)" in text
+
+    def state(p):
+        return p.params + p.grads + p.master + p.optimizer
+
+    replicated = layout.plan(SEVEN_B, layout.Layout(dp=8, precision="bf16"))
+    split = layout.plan(SEVENTY_B, layout.Layout(fsdp=8, precision="bf16"))
+    one_sequence = layout.plan(SEVENTY_B._replace(batch=1), layout.Layout(precision="bf16"))
+    assert f"Replication never fits ({state(replicated) / 1e9:.0f} GB of state for the 7B)" in text
+    assert f"the 70B fits on no 8 GPUs ({state(split) / 1e9:.0f} GB of state per GPU even split 8 ways)" in text
+    scores = 1 - (memory.transformer_activations(80, 8192, 64, 4096, 1, vocab=32000, dropout=False, flash=True)
+                  / memory.transformer_activations(80, 8192, 64, 4096, 1, vocab=32000, dropout=False))
+    assert round(scores * 3) == 2, scores  # "two thirds"
+    assert (f"its activations at 4096 tokens ({one_sequence.activations / 1e9:.0f} GB per sequence without remat, "
+            f"two thirds of them the s² attention scores)") in text
