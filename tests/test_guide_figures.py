@@ -15,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 
 from docs_hooks import save_bench
 from funcnet import memory
@@ -110,3 +111,46 @@ def test_the_memory_guides_7b_and_70b_layout_table_is_the_planners():
     assert round(scores * 3) == 2, scores  # "two thirds"
     assert (f"its activations at 4096 tokens ({one_sequence.activations / 1e9:.0f} GB per sequence without remat, "
             f"two thirds of them the s² attention scores)") in text
+
+
+# ----------------------------------------------------------------------------- port-and-train.md: the port examples
+def _bound(stated: str, measured: float) -> bool:
+    """``stated`` is an upper bound on ``measured`` given to its last digit (not a loose one)."""
+    mantissa, exponent = stated.split("e")
+    step = 10.0 ** (int(exponent) - len(mantissa.split(".")[-1]) if "." in mantissa else int(exponent))
+    return measured <= float(stated) < measured + step
+
+
+@pytest.mark.parametrize("name, bar", [("port_cnn", None), ("port_resnet", "0.85")])
+def test_the_port_guides_table_is_the_saved_example_runs(name, bar):
+    """Lines of code, the largest difference from torch in float32 and float64 and the test accuracy
+    after the example's epochs: each row of the guide's table against the example's saved runs."""
+    text = _text("guides/port-and-train.md")
+    row = re.search(rf"\| `python examples/{name}.py`: [^|]+\| (\d+) / (\d+) \| ≤ (\S+) \(float32\), ≤ (\S+) "
+                    rf"\(float64, `--float64`\) \| ([\d.]+)% \((\d+) epochs[;)]", text)
+    assert row, f"docs/guides/port-and-train.md: no row for examples/{name}.py in the form this test reads"
+    lines_torch, lines_ours, f32, f64, accuracy, epochs = row.groups()
+    for stated, out in ((f32, _example(name)), (f64, _example(name, "--float64"))):
+        diffs = re.search(r"max \|funcnet - torch\| \((float\d+), \d+ SGD-momentum steps\): (.*)", out)
+        worst = max(float(v) for v in re.findall(r"\w+ (\S+?)(?:,|$)", diffs.group(2)))
+        assert _bound(stated, worst), (name, diffs.group(1), stated, worst)
+    out = _example(name)
+    assert re.search(r"lines of code: torch (\d+), funcnet (\d+)", out).groups() == (lines_torch, lines_ours)
+    trained = re.search(r"on digits, (\d+) epochs: .* test accuracy (\S+) ", out)
+    assert trained.group(1) == epochs and accuracy == f"{float(trained.group(2)) * 100:.1f}", (trained.group(0), row)
+    if bar is not None:  # the bar the guide names is the example's
+        assert f"the example's bar is {float(bar) * 100:.0f}%" in text
+        assert f"min_accuracy={bar}" in (ROOT / "examples" / f"{name}.py").read_text()
+
+
+# ----------------------------------------------------------------------------- parallel.md: the DDP comparison
+def test_the_parallel_guides_ddp_figure_is_the_data_parallel_comparisons_saved_run():
+    """"They also match torch DDP (2 gloo processes) to 3e-8": the largest difference of the three forms'
+    final weights from torch DDP's in docs/data/comparisons.json (tests/test_saved_run.py keeps it true)."""
+    run = json.loads((ROOT / "docs" / "data" / "comparisons.json").read_text())
+    checks = {c["name"]: c["detail"] for r in run["results"] if r["name"] == "data_parallel" for c in r["checks"]}
+    worst = max(float(re.search(r"max \|diff\| (\S+),", checks[f"{form}: final weights == torch DDP's"]).group(1))
+                for form in ("pmap", "shard_map", "sharding"))
+    stated = re.search(r"They also match torch DDP \(2 gloo processes\) to (\S+)\.", _text("guides/parallel.md"))
+    assert stated, "docs/guides/parallel.md no longer states the data-parallel comparison's agreement with DDP"
+    assert float(stated.group(1)) == float(f"{worst:.0e}"), (stated.group(1), worst)
