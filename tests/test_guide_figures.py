@@ -154,3 +154,46 @@ def test_the_parallel_guides_ddp_figure_is_the_data_parallel_comparisons_saved_r
     stated = re.search(r"They also match torch DDP \(2 gloo processes\) to (\S+)\.", _text("guides/parallel.md"))
     assert stated, "docs/guides/parallel.md no longer states the data-parallel comparison's agreement with DDP"
     assert float(stated.group(1)) == float(f"{worst:.0e}"), (stated.group(1), worst)
+
+
+# ----------------------------------------------------------------------------- language-model.md: gpt_text.py
+def test_the_language_model_guide_quotes_the_saved_example_run():
+    """The model, the budget, the validation loss and the greedy sample are those of the saved full run of
+    examples/gpt_text.py (tests/test_bench_page.py checks the bits per character and the baselines)."""
+    out = _example("gpt_text")
+    guide = (ROOT / "docs" / "guides" / "language-model.md").read_text()
+    stated = re.search(r"`python examples/gpt_text.py`: a ([\d.]+)M-parameter GPT \((\d+) layers, (\d+) heads, width "
+                       r"(\d+), context (\d+)\) trained (\d+) steps of (\d+)x(\d+) characters \((\d+) epochs; the saved "
+                       r"run, `docs/data/example_gpt_text.json`, records its time, machine and load\) reaches "
+                       r"\*\*([\d.]+) nats/char\*\*", " ".join(guide.split()))
+    assert stated, "docs/guides/language-model.md no longer states the example's run in the form this test reads"
+    params, layers, heads, width, context, steps, batch, length, epochs, nats = stated.groups()
+    config = dict(re.findall(r"(\w+)=(\w+)", out.splitlines()[0]))
+    assert (config["n_layer"], config["n_head"], config["n_embd"], config["block_size"]) == (layers, heads, width,
+                                                                                             context), config
+    counted = int(re.search(r"([\d,]+) parameters", out).group(1).replace(",", ""))
+    assert params == f"{counted / 1e6:.2f}", (params, counted)
+    budget = re.search(r"budget: (\d+) epochs = ([\d,]+) steps of (\d+) x (\d+)", out).groups()
+    assert budget == (epochs, steps, batch, length), budget
+    val_loss = float(re.search(r"validation loss (\S+) nats/char", out).group(1))
+    assert nats == f"{val_loss:.2f}", (nats, val_loss)
+    sample = re.search(r"Greedy sample:\n\n```\n(.*)\n```", guide).group(1)
+    greedy = out.split("--- greedy, prompt 'The ' ---\n")[1].split("\n\n--- temperature")[0]
+    shown = sample.removesuffix(" ...")
+    assert greedy.startswith(shown) and len(shown) >= 40, (sample, greedy[:200])
+
+
+def test_the_memory_guides_whole_step_with_paper_remat_is_the_saved_run():
+    """The whole train step with GPT(remat="paper") against the estimate, over the saved run's configurations
+    (benchmarks/gpt_memory.py, docs/data/bench_gpt_memory.json)."""
+    configs = json.loads((ROOT / "docs" / "data" / "bench_gpt_memory.json").read_text())["result"]["configs"]
+    ratios = [r["paper_total_ratio"] for r in configs]
+    text = _text("guides/memory.md")
+    assert f"the estimate without remat and {min(ratios):.1f}-{max(ratios):.1f}x with `\"paper\"`" in text, ratios
+
+
+def test_save_bench_names_an_unknown_example_and_where_runs_are_saved(capsys):
+    assert save_bench.main(["--example", "nope"]) == 2
+    assert "give an example's name (got ['nope']); one of [" in capsys.readouterr().err
+    assert save_bench.example_path("port_cnn", ["--float64"]).name == "example_port_cnn-float64.json"
+    assert save_bench.example_path("gpt_text").name == "example_gpt_text.json"
