@@ -197,3 +197,12 @@ def test_save_bench_names_an_unknown_example_and_where_runs_are_saved(capsys):
     assert "give an example's name (got ['nope']); one of [" in capsys.readouterr().err
     assert save_bench.example_path("port_cnn", ["--float64"]).name == "example_port_cnn-float64.json"
     assert save_bench.example_path("gpt_text").name == "example_gpt_text.json"
+
+
+def test_the_port_guides_batchnorm_tolerances_are_the_tests():
+    """The tolerances the guide quotes for the BatchNorm MLP are those tests/test_batchnorm_training.py applies."""
+    source = (ROOT / "tests" / "test_batchnorm_training.py").read_text()
+    f32_rtol, f32_atol, f64_rtol = re.search(r'^TOL = \{"float32": dict\(rtol=(\S+), atol=(\S+)\), "float64": '
+                                             r"dict\(rtol=(\S+),", source, re.M).groups()
+    assert (f"(the test allows {f32_rtol} relative + {f32_atol} absolute) and to {f64_rtol} relative in float64"
+            in _text("guides/port-and-train.md")), (f32_rtol, f32_atol, f64_rtol)
