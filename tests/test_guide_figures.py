@@ -206,3 +206,25 @@ def test_the_port_guides_batchnorm_tolerances_are_the_tests():
                                              r"dict\(rtol=(\S+),", source, re.M).groups()
     assert (f"(the test allows {f32_rtol} relative + {f32_atol} absolute) and to {f64_rtol} relative in float64"
             in _text("guides/port-and-train.md")), (f32_rtol, f32_atol, f64_rtol)
+
+
+def test_the_design_pages_pipeline_figures_are_the_planners():
+    """design.md quotes what its pipeline block prints: the first stage's activations and total, 1F1B and GPipe."""
+    shape = SEVEN_B
+    printed = []
+    for kind in ("1f1b", "gpipe"):
+        p = layout.plan(shape, layout.Layout(pp=4, microbatches=8, schedule=kind, remat="selective", precision="bf16"))
+        printed.append(f"{kind} {p.activations / 1e9:.2f} GB of activations, {p.total / 1e9:.2f} GB in all")
+    assert "prints `{}` and `{}`".format(*printed) in _text("design.md"), printed
+
+
+def test_the_mixed_precision_guides_underflow_figures_are_the_saved_example_run():
+    """The float16 weight gradients that underflow to zero without and with loss scaling, per layer: the
+    saved full run of examples/loss_scaling_underflow.py (40 epochs, scale 2**16)."""
+    out = _example("loss_scaling_underflow")
+    epochs = re.search(r"trained (\d+) epochs in float32", out).group(1)
+    lo, hi, slo, shi, scale = re.search(r"underflow to zero: (\S+)%-(\S+)% without scaling, (\S+)%-(\S+)% with "
+                                        r"scale (\S+)", out).groups()
+    assert float(scale) == 2.0**16, scale
+    assert (f"After {epochs} epochs, without scaling {lo}%-{hi}% of the float16 weight-gradient entries (per layer) "
+            f"underflow to zero; with a scale of 2**16, {slo}%-{shi}% do.") in _text("guides/mixed-precision.md")
