@@ -227,4 +227,4 @@ def test_the_mixed_precision_guides_underflow_figures_are_the_saved_example_run(
                                         r"scale (\S+)", out).groups()
     assert float(scale) == 2.0**16, scale
     assert (f"After {epochs} epochs, without scaling {lo}%-{hi}% of the float16 weight-gradient entries (per layer) "
-            f"underflow to zero; with a scale of 2**16, {slo}%-{shi}% do.") in _text("guides/mixed-precision.md")
+            f"underflow to zero; with a scale of 2**16, {slo}%-{shi}% do (the saved run") in _text("guides/mixed-precision.md")
