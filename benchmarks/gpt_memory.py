@@ -17,7 +17,10 @@
      recompute (GELU's erfc and exp(-x^2/2) beside its input and output, the scores
      beside the probabilities, LayerNorm's centred input); the ratio is printed, not hidden.
    - the whole step: estimate (params + grads + Adam + batch + paper activations) against
-     XLA's total (arguments + temps; outputs alias the donated state).
+     XLA's total (arguments + temps; outputs alias the donated state), without remat and with
+     ``GPT(remat="paper")`` (which keeps the paper's list per layer; what does not grow with depth,
+     the logits and their gradient, one block's backward working set and the stacked copy of the
+     blocks' params, stays above the estimate).
 2. Activations per layer, measured the way the paper counts them: XLA's temps of the
    compiled gradient with the blocks in one ``lax.scan`` (``gpt.measure_activations``: the
    slope between 2 and 4 layers, so what does not grow with depth cancels), for each remat
@@ -98,7 +101,9 @@ def xla_step(model, tx, b, s, **kw):
     return memory.measure(step, state, (x, x)), state
 
 
-def config_row(L, h, a, V, s, b) -> dict:
+def config_row(L, h, a, V, s, b, *, with_paper_remat: bool = False) -> dict:
+    """One configuration's figures (module docstring, table 1); ``with_paper_remat`` adds the whole step with
+    ``GPT(remat="paper")`` (one more compile)."""
     model, tx = _model(L, h, a, V, s), optax.adamw(1e-3)
     m, state = xla_step(model, tx, b, s)
     est = memory.estimate(optimizer="adamw", layers=L, hidden=h, heads=a, vocab=V, seq=s, batch=b, dropout=False)
@@ -109,13 +114,19 @@ def config_row(L, h, a, V, s, b) -> dict:
     xla_act = m.temps - params  # the gradients (float32, one per parameter) live in the temps too
     est_total = est.params + est.grads + est.optimizer + est.activations + batch
     xla_total = m.arguments + m.temps
-    return {"config": dict(layers=L, hidden=h, heads=a, vocab=V, seq=s, batch=b),
-            "params_estimate": est.params, "params_tree": params, "optimizer_estimate": est.optimizer,
-            "optimizer_tree": memory.tree_bytes(state.opt_state),
-            "activations_paper": est.activations, "activations_paper_flash": flash, "torch_saved": torch_saved,
-            "torch_vs_flash": torch_saved / flash - 1, "xla_temps": m.temps, "xla_activations": xla_act,
-            "xla_vs_paper": xla_act / est.activations, "estimate_total": est_total, "xla_total": xla_total,
-            "total_ratio": xla_total / est_total}
+    row = {"config": dict(layers=L, hidden=h, heads=a, vocab=V, seq=s, batch=b),
+           "params_estimate": est.params, "params_tree": params, "optimizer_estimate": est.optimizer,
+           "optimizer_tree": memory.tree_bytes(state.opt_state),
+           "activations_paper": est.activations, "activations_paper_flash": flash, "torch_saved": torch_saved,
+           "torch_vs_flash": torch_saved / flash - 1, "xla_temps": m.temps, "xla_activations": xla_act,
+           "xla_vs_paper": xla_act / est.activations, "estimate_total": est_total, "xla_total": xla_total,
+           "total_ratio": xla_total / est_total}
+    if with_paper_remat:
+        paper, _ = xla_step(gpt.GPT(gpt.GPTConfig(block_size=s, vocab_size=V, n_layer=L, n_head=a, n_embd=h),
+                                    remat="paper"), tx, b, s)
+        row.update(xla_total_paper=paper.arguments + paper.temps,
+                   paper_total_ratio=(paper.arguments + paper.temps) / est_total)
+    return row
 
 
 POLICIES = (("paper", "none"), ("selective", "selective"), ("full", "full"), (None, "none"))
@@ -156,17 +167,17 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--quick", action="store_true", help="two configurations only")
     args = parser.parse_args(argv)
-    rows = [config_row(*c) for c in (QUICK if args.quick else CONFIGS)]
+    rows = [config_row(*c, with_paper_remat=True) for c in (QUICK if args.quick else CONFIGS)]
     print("GPT train step (AdamW, float32, no dropout): Korthikanti et al.'s estimate vs torch's saved tensors "
           "and XLA's compiled step")
     print(f"{'L':>2} {'h':>4} {'a':>2} {'V':>4} {'s':>4} {'b':>3} | {'paper,flash':>11} {'torch saved':>11} {'dev':>6} |"
-          f" {'paper':>10} {'XLA act':>10} {'x':>5} | {'est total':>10} {'XLA total':>10} {'ratio':>5}")
+          f" {'paper':>10} {'XLA act':>10} {'x':>5} | {'est total':>10} {'XLA total':>10} {'ratio':>5} {'remat=paper':>11}")
     for r in rows:
         c = r["config"]
         print(f"{c['layers']:>2} {c['hidden']:>4} {c['heads']:>2} {c['vocab']:>4} {c['seq']:>4} {c['batch']:>3} | "
               f"{r['activations_paper_flash']:>11,} {r['torch_saved']:>11,} {r['torch_vs_flash']:>+6.1%} | "
               f"{r['activations_paper']:>10,} {r['xla_activations']:>10,} {r['xla_vs_paper']:>5.2f} | "
-              f"{r['estimate_total']:>10,} {r['xla_total']:>10,} {r['total_ratio']:>5.2f}")
+              f"{r['estimate_total']:>10,} {r['xla_total']:>10,} {r['total_ratio']:>5.2f} {r['paper_total_ratio']:>11.2f}")
         assert r["params_estimate"] == r["params_tree"], r
     layers = [r for c in (LAYER_CONFIGS[:2] if args.quick else LAYER_CONFIGS) for r in layer_rows(*c)]
     print("\nactivations per layer (bytes): XLA's compiled gradient, blocks in a lax.scan under jax.checkpoint "

@@ -6,6 +6,11 @@ the machine (platform, CPU model, cores), the load average before and after, the
 the UTC date, the process's niceness and the versions of jax and torch. The page (``docs_hooks.benchmarks``) prints that
 record above each table, so a figure never appears without its machine, load and command. The
 file is written only if the script exits 0 (its correctness checks against torch passed).
+
+``python -m docs_hooks.save_bench --example NAME [ARGS ...]`` does the same for ``examples/NAME.py``,
+which print their results rather than write JSON: its standard output is saved as
+``{"stdout": ...}`` in ``docs/data/example_NAME.json`` (``example_NAME-FLAG.json`` with flags, e.g.
+``example_port_cnn-float64.json``), so the guides' figures from a full example run have a record too.
 """
 
 from __future__ import annotations
@@ -23,12 +28,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 
-__all__ = ["cpu_model", "main", "saved_path"]
+__all__ = ["cpu_model", "example_path", "main", "saved_path"]
 
 
 def saved_path(name: str) -> Path:
     """Where the run of ``benchmarks/NAME.py`` is saved."""
     return DATA / f"bench_{name}.json"
+
+
+def example_path(name: str, args: list[str] | tuple[str, ...] = ()) -> Path:
+    """Where the run of ``examples/NAME.py ARGS`` is saved: flags joined to the name, values too."""
+    tag = "".join("-" + a.lstrip("-").replace("/", "_") for a in args)
+    return DATA / f"example_{name}{tag}.json"
 
 
 def cpu_model() -> str:
@@ -48,8 +59,43 @@ def _version(module: str) -> str:
     return done.stdout.strip() or "not installed"
 
 
+def _record(command: str, start: datetime.datetime, load_before: tuple) -> dict:
+    load_after = os.getloadavg()
+    return {"command": command, "date": start.strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{platform.system()} {platform.machine()}, {cpu_model()}, {os.cpu_count()} cores",
+            "load": [round(load_before[0], 1), round(load_after[0], 1)],
+            "seconds": round((datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()),
+            "niceness": os.nice(0),
+            "versions": {"jax": _version("jax"), "torch": _version("torch"), "python": platform.python_version()}}
+
+
+def _example(argv: list[str]) -> int:
+    if not argv or not (ROOT / "examples" / f"{argv[0]}.py").is_file():
+        names = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
+        print(f"save_bench --example: give an example's name (got {argv[:1] or 'none'}); one of {names}",
+              file=sys.stderr)
+        return 2
+    name, args = argv[0], argv[1:]
+    command = " ".join(["python", f"examples/{name}.py", *map(shlex.quote, args)])
+    load_before, start = os.getloadavg(), datetime.datetime.now(datetime.timezone.utc)
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py"), *args], cwd=ROOT,
+                          stdout=subprocess.PIPE, text=True)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        print(f"save_bench: the run exited {done.returncode}; {example_path(name, args)} is unchanged", file=sys.stderr)
+        return done.returncode
+    from funcnet.cli.outputs import write_atomic
+
+    run = _record(command, start, load_before)
+    write_atomic(example_path(name, args), json.dumps({"run": run, "result": {"stdout": done.stdout}}, indent=1) + "\n")
+    print(f"saved {example_path(name, args).relative_to(ROOT)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--example"]:
+        return _example(argv[1:])
     if not argv or not (ROOT / "benchmarks" / f"{argv[0]}.py").is_file():
         names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
         print(f"save_bench: give a benchmark's name first (got {argv[:1] or 'none'}); one of {names}", file=sys.stderr)
@@ -65,17 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         start = datetime.datetime.now(datetime.timezone.utc)
         code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--json", str(out)],
                                cwd=ROOT)
-        load_after = os.getloadavg()
         if code != 0 or not out.exists():
             print(f"save_bench: the run exited {code}; {saved_path(name)} is unchanged", file=sys.stderr)
             return code or 1
         result = json.loads(out.read_text())
-    run = {"command": command, "date": start.strftime("%Y-%m-%d %H:%M UTC"),
-           "machine": f"{platform.system()} {platform.machine()}, {cpu_model()}, {os.cpu_count()} cores",
-           "load": [round(load_before[0], 1), round(load_after[0], 1)],
-           "seconds": round((datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()),
-           "niceness": os.nice(0),
-           "versions": {"jax": _version("jax"), "torch": _version("torch"), "python": platform.python_version()}}
+    run = _record(command, start, load_before)
     from funcnet.cli.outputs import write_atomic
 
     write_atomic(saved_path(name), json.dumps({"run": run, "result": result}, indent=1) + "\n")

@@ -94,6 +94,16 @@ def test_data_parallel_equals_full_batch_sgd(kind, n, init_params, batches, full
         jax.monitoring.unregister_event_duration_listener(count)
     final = dp.get(state.params)
     assert _max_diff(final, full_batch_sgd) <= 1e-5
+    # docs/guides/parallel.md states this difference per device count, to the one digit it gives
+    guide = " ".join((Path(__file__).resolve().parents[1] / "docs" / "guides" / "parallel.md").read_text().split())
+    stated = re.search(rf"full-batch SGD after {STEPS} steps: (.*?), for each form\)", guide)
+    assert stated, "docs/guides/parallel.md no longer states the data-parallel forms' difference from full-batch SGD"
+    per_count = {int(c): value for value, counts in re.findall(r"(\S+) on (\d+(?: and \d+)*)", stated.group(1))
+                 for c in counts.split(" and ")}
+    assert sorted(per_count) == [2, 4, 8], stated.group(0)
+    assert float(f"{_max_diff(final, full_batch_sgd):.0e}") == float(per_count[n]), (n, stated.group(0))
+    assert f"After {STEPS} steps on 2, 4 and 8 simulated devices, all three forms end within " \
+           f"{max(per_count.values(), key=float)} of plain full-batch SGD" in guide
     assert _max_diff(final, init_params) > 1e-2  # the run went somewhere
     assert int(dp.get(state.step)) == STEPS
     assert compiles == [], "the step compiled again after the first call"
