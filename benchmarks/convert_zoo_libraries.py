@@ -395,6 +395,8 @@ def check(name: str) -> dict:
         except Exception as e:  # noqa: BLE001 - without the float64 figures the row stays WRONG
             row["f64_error"] = f"{type(e).__name__}: {_first_line(e)}"
     row["status"], row["why"] = classify(row)
+    if "grad_f32_bn" in row and row["grad"] > GRAD_TOL:
+        row["why"] += f"; torch float32 with float32 BatchNorm sums against float64: {row['grad_f32_bn']:.1e}"
     if "f64_error" in row:
         row["why"] += f"; float64 figures failed: {row['f64_error']}"
     return row
@@ -446,9 +448,42 @@ def _in_float64(pristine, trace, fresh, ours: dict, torch32: dict) -> dict:
         }
         if ours["grad"] is not None:
             out["grad_exact"] = [dict_rel(ours["grad"], named), dict_rel(as_np(torch32["grad"]), named)]
+            out["grad_f32_bn"] = dict_rel(_float32_batchnorm_grads(pristine, fresh), named)
         return out
     finally:
         jax.config.update("jax_enable_x64", False)
+
+
+def _float32_batchnorm_grads(pristine, fresh) -> dict:
+    """Diagnosis only, not part of the rule: torch's float32 gradients with every training-mode
+    ``F.batch_norm`` computed in float32 arithmetic (autograd of its mean and variance). torch's
+    CPU kernel accumulates a float32 BatchNorm's sums in float64 (``acc_type<float>`` is double
+    on CPU, float on CUDA); funcnet's sums are float32. Where the float32 gradient's error comes
+    from those sums, this figure is near funcnet's ``grad_exact``."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from convert_check import loss_of
+
+    kernel = F.batch_norm
+
+    def float32_bn(x, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+        if not training or x.dtype != torch.float32:
+            return kernel(x, running_mean, running_var, weight, bias, training, momentum, eps)
+        dims, shape = [0, *range(2, x.ndim)], [1, -1] + [1] * (x.ndim - 2)
+        mean = x.mean(dims, keepdim=True)
+        var = (x - mean).square().mean(dims, keepdim=True)
+        y = (x - mean) * torch.rsqrt(var + eps)
+        return y if weight is None else y * weight.reshape(shape) + (0 if bias is None else bias.reshape(shape))
+
+    module = copy.deepcopy(pristine).train()
+    F.batch_norm = float32_bn
+    try:
+        loss_of(module(**fresh), torch).backward()
+    finally:
+        F.batch_norm = kernel
+    return {k: np.asarray(p.grad.double().numpy()) for k, p in module.named_parameters(remove_duplicate=False)
+            if p.grad is not None}
 
 
 def _state_rel(ours: dict, theirs: dict, key: str) -> float:
