@@ -1,4 +1,5 @@
-"""The acceptance rule of benchmarks/convert_zoo_libraries.py on synthetic figures.
+"""The acceptance rule of benchmarks/convert_zoo_libraries.py (benchmarks/convert_zoo_rule.py) on
+synthetic figures.
 
 ``classify`` decides match / match (f32 rounding) / WRONG / vacuous from a row's figures alone;
 these rows are made up to sit on each side of each condition, so the rule is checked without
@@ -16,7 +17,7 @@ import pytest
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCH)
 try:
-    import convert_zoo_libraries as zoo
+    import convert_zoo_rule as zoo
 finally:
     sys.path.remove(BENCH)
 
@@ -83,7 +84,7 @@ def test_zeros_compared_are_vacuous_not_a_match():
 
 
 def test_the_rule_imports_without_torch_or_timm():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import convert_zoo_libraries; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import convert_zoo_libraries, convert_zoo_rule; "
             "print(sorted(m for m in ('torch', 'timm', 'torchvision', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, BENCH], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
