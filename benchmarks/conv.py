@@ -9,9 +9,11 @@
 2. Whole models at 32, 64 and 224 px, batch 8 and 64: ResNet-18 (torchvision's layout, written
    in torch.nn here and converted by ``funcnet.interop.convert``, and hand-written from
    ``funcnet.models.BasicBlock``), a ConvNeXt-style stack (7x7 depthwise, GroupNorm, 1x1 MLP)
-   and a MobileNetV3-style stack (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
-   hardswish), both converted: forward (eval) and an SGD-momentum train step, against torch
-   eager and torch.compile (``--compile``; it needs a C++ compiler and minutes per model).
+   and torchvision's MobileNetV3-Small (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
+   hardswish; written in torch.nn layer for layer), both converted: forward (eval) and an
+   SGD-momentum train step, against torch eager and torch.compile (``--compile``; it needs a C++
+   compiler and minutes per model). ``benchmarks/conv_layout.py`` measures the same models with
+   activations kept channels-last.
 
 Times are medians of interleaved rounds (A, B, C, A, B, C, ...), so a load change hits every
 implementation alike; the load average is printed with the figures. Every row first checks
