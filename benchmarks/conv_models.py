@@ -246,6 +246,10 @@ def run_models(args, rounds, console, interleaved):
                     errs[how] = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
                 runners_f["torch"], runners_t["torch"] = _torch_runners(copy.deepcopy(module), x, y, compiled=False)
                 if why_not is None:
+                    # a fresh Dynamo per cell: its caches are keyed by code object, shared by every model
+                    # and size, so later cells would compile with dynamic shapes and, past Dynamo's
+                    # recompile limit (8), silently run eager
+                    torch._dynamo.reset()
                     runners_f["torch.compile"], runners_t["torch.compile"] = _torch_runners(
                         copy.deepcopy(module), x, y, compiled=True)
                 f_all = interleaved(runners_f, rounds, 1)
