@@ -2,6 +2,8 @@
 activations NCHW (torch's layout, what funcnet does) or NHWC (one transpose in; ``lax.conv`` with
 NHWC/HWIO dimension numbers, BatchNorm and pooling over the right axes), forward and an
 SGD-momentum train step, beside the model ``funcnet.interop.convert`` makes of it and torch eager.
+Channels-last twice: with torch's OIHW weights (what funcnet's parameters are), and with the
+weights stored HWIO (a library that kept its own weight layout and converted at ``state_dict``).
 
     python benchmarks/conv_layout.py [--models resnet18 mobilenetv3] [--size 64] [--batch 8]
                                      [--rounds 7] [--single-thread] [--cpu-time]
@@ -132,12 +134,13 @@ def conv_nhwc(x, w, stride, pads, groups, hwio=False):
         if len(t) < k:
             w = jnp.take(w, jnp.asarray(t), axis=axis + 2)
     # (N, Ho, Wo, C, T): channels before taps, as the weight's (O, C, T), and the weight the dot's
-    # left operand: XLA:CPU's matrix multiply wants its right operand (K, N), so patches @ weight.T
-    # copied the whole transposed weight in every call (9.4 MB at ResNet-18's last stage: 5x that
-    # convolution's time); weight @ patches.T transposes the small output instead
+    # left operand, the small output transposed after: written patches @ weight.T (the natural
+    # channels-last product) XLA:CPU copied the whole transposed weight in every call and the
+    # matrix multiply took 5x as long (ResNet-18's 512x512x3x3 at 2x2: 9.0 against 1.8 ms)
     patches = jnp.stack(_shifted_nhwc(x, stride, pads, (1, 1), out, taps), axis=4)
     w = w.reshape(w.shape[0], w.shape[1], -1)
-    return jnp.einsum("oct,nhwct->nhwo", w, patches, precision=jax.lax.Precision.HIGHEST)
+    y = jnp.einsum("oct,nhwct->onhw", w, patches, precision=jax.lax.Precision.HIGHEST)
+    return jnp.transpose(y, (1, 2, 3, 0))
 
 
 def _run(m, p, prefix, x, layout, train, key):
