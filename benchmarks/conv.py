@@ -10,9 +10,11 @@
 2. Whole models at 32, 64 and 224 px, batch 8 and 64: ResNet-18 (torchvision's layout, written
    in torch.nn here and converted by ``funcnet.interop.convert``, and hand-written from
    ``funcnet.models.BasicBlock``), a ConvNeXt-style stack (7x7 depthwise, GroupNorm, 1x1 MLP)
-   and a MobileNetV3-style stack (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
-   hardswish), both converted: forward (eval) and an SGD-momentum train step, against torch
-   eager and torch.compile (``--compile``; it needs a C++ compiler and minutes per model).
+   and torchvision's MobileNetV3-Small (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
+   hardswish; written in torch.nn layer for layer), both converted: forward (eval) and an
+   SGD-momentum train step, against torch eager and torch.compile (``--compile``; it needs a C++
+   compiler and minutes per model). ``benchmarks/conv_layout.py`` measures the same models with
+   activations kept channels-last.
 
 ``--baseline FILE`` times another version of ``conv_strategy.py`` (say ``git show
 main:funcnet/nn/functional/conv_strategy.py > /tmp/old.py``) as a column of the sweep beside

@@ -1,6 +1,7 @@
-"""The whole models of benchmarks/conv.py: ResNet-18, a ConvNeXt-style stack and a MobileNetV3-style
-stack in torch.nn, converted by ``funcnet.interop.convert``; ResNet-18 also hand-written in funcnet.nn.
-Forward (eval) and an SGD-momentum train step, funcnet against torch eager (and torch.compile)."""
+"""The whole models of benchmarks/conv.py: ResNet-18, a ConvNeXt-style stack and torchvision's
+MobileNetV3-Small in torch.nn, converted by ``funcnet.interop.convert``; ResNet-18 also hand-written
+in funcnet.nn. Forward (eval) and an SGD-momentum train step, funcnet against torch eager (and
+torch.compile), all variants of a model taking turns in the same interleaved rounds."""
 
 from __future__ import annotations
 
@@ -62,39 +63,90 @@ def torch_convnext(dims=(40, 80, 160, 320), depths=(2, 2, 2, 2), num_classes=10)
     return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(dims[-1], num_classes))
 
 
-class InvertedResidual(tnn.Module):
-    """MobileNetV3's block: 1x1 expand, depthwise kxk, squeeze-excite, 1x1 project."""
+def _make_divisible(v, divisor=8):
+    """torchvision's channel rounding: to a multiple of 8, never more than 10% below ``v``."""
+    rounded = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * v else rounded
 
-    def __init__(self, cin, hidden, cout, kernel, stride, se, act):
+
+def _conv_bn(cin, cout, kernel, stride=1, groups=1, act=None):
+    """torchvision's Conv2dNormActivation as MobileNetV3 builds it: no conv bias, BatchNorm2d(eps=1e-3,
+    momentum=0.01), then the activation (none for the projection)."""
+    layers = [tnn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+              tnn.BatchNorm2d(cout, eps=0.001, momentum=0.01)]
+    return tnn.Sequential(*layers, *([act()] if act else []))
+
+
+class SqueezeExcitation(tnn.Module):
+    """torchvision's SqueezeExcitation with MobileNetV3's Hardsigmoid gate: 1x1 convs with bias."""
+
+    def __init__(self, channels, squeeze):
         super().__init__()
-        self.expand = tnn.Sequential(tnn.Conv2d(cin, hidden, 1, bias=False), tnn.BatchNorm2d(hidden), act())
-        self.dw = tnn.Sequential(tnn.Conv2d(hidden, hidden, kernel, stride, kernel // 2, groups=hidden, bias=False),
-                                 tnn.BatchNorm2d(hidden), act())
-        self.se = tnn.Sequential(tnn.AdaptiveAvgPool2d(1), tnn.Conv2d(hidden, hidden // 4, 1), tnn.ReLU(),
-                                 tnn.Conv2d(hidden // 4, hidden, 1), tnn.Hardsigmoid()) if se else None
-        self.project = tnn.Sequential(tnn.Conv2d(hidden, cout, 1, bias=False), tnn.BatchNorm2d(cout))
-        self.residual = stride == 1 and cin == cout
+        self.avgpool = tnn.AdaptiveAvgPool2d(1)
+        self.fc1 = tnn.Conv2d(channels, squeeze, 1)
+        self.activation = tnn.ReLU()
+        self.fc2 = tnn.Conv2d(squeeze, channels, 1)
+        self.scale_activation = tnn.Hardsigmoid()
 
     def forward(self, x):
-        y = self.dw(self.expand(x))
-        if self.se is not None:
-            y = y * self.se(y)
-        y = self.project(y)
-        return x + y if self.residual else y
+        return x * self.scale_activation(self.fc2(self.activation(self.fc1(self.avgpool(x)))))
 
 
-def torch_mobilenetv3(num_classes=10):
-    """mobilenet_v3_small's stages (expand, out, kernel, stride, SE, activation)."""
-    cfg = [(16, 16, 3, 2, True, tnn.ReLU), (72, 24, 3, 2, False, tnn.ReLU), (88, 24, 3, 1, False, tnn.ReLU),
-           (96, 40, 5, 2, True, tnn.Hardswish), (240, 40, 5, 1, True, tnn.Hardswish),
-           (120, 48, 5, 1, True, tnn.Hardswish), (288, 96, 5, 2, True, tnn.Hardswish),
-           (576, 96, 5, 1, True, tnn.Hardswish)]
-    layers, cin = [tnn.Conv2d(3, 16, 3, 2, 1, bias=False), tnn.BatchNorm2d(16), tnn.Hardswish()], 16
-    for hidden, cout, k, s, se, act in cfg:
-        layers.append(InvertedResidual(cin, hidden, cout, k, s, se, act))
-        cin = cout
-    return tnn.Sequential(*layers, tnn.Conv2d(cin, 576, 1, bias=False), tnn.BatchNorm2d(576), tnn.Hardswish(),
-                          tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(576, num_classes))
+class InvertedResidual(tnn.Module):
+    """MobileNetV3's block as torchvision writes it: 1x1 expand (absent when the expansion equals the
+    input width), depthwise kxk, squeeze-excite, 1x1 project; residual at stride 1, equal widths."""
+
+    def __init__(self, cin, kernel, hidden, cout, se, act, stride):
+        super().__init__()
+        layers = [] if hidden == cin else [_conv_bn(cin, hidden, 1, act=act)]
+        layers.append(_conv_bn(hidden, hidden, kernel, stride, groups=hidden, act=act))
+        if se:
+            layers.append(SqueezeExcitation(hidden, _make_divisible(hidden // 4)))
+        layers.append(_conv_bn(hidden, cout, 1))
+        self.block = tnn.Sequential(*layers)
+        self.use_res_connect = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.block(x)
+        return x + y if self.use_res_connect else y
+
+
+# torchvision's mobilenet_v3_small: (input, kernel, expanded, out, SE, activation, stride)
+MOBILENET_V3_SMALL = [(16, 3, 16, 16, True, "RE", 2), (16, 3, 72, 24, False, "RE", 2),
+                      (24, 3, 88, 24, False, "RE", 1), (24, 5, 96, 40, True, "HS", 2),
+                      (40, 5, 240, 40, True, "HS", 1), (40, 5, 240, 40, True, "HS", 1),
+                      (40, 5, 120, 48, True, "HS", 1), (48, 5, 144, 48, True, "HS", 1),
+                      (48, 5, 288, 96, True, "HS", 2), (96, 5, 576, 96, True, "HS", 1),
+                      (96, 5, 576, 96, True, "HS", 1)]
+
+
+def torch_mobilenetv3(num_classes=10, width=1.0):
+    """torchvision's ``mobilenet_v3_small`` (2.5M parameters at 1000 classes) in torch.nn, layer for
+    layer (torchvision does not import beside this torch): 3x3/2 stem, the 11 inverted residual blocks
+    of MOBILENET_V3_SMALL, a 1x1 conv to 576, global pooling and the 576-1024-classes head with
+    Hardswish and Dropout(0.2); torchvision's initialisation. ``width`` scales every channel count
+    (torchvision's ``width_mult``)."""
+    acts = {"RE": tnn.ReLU, "HS": tnn.Hardswish}
+
+    def ch(c):
+        return _make_divisible(c * width)
+
+    layers = [_conv_bn(3, ch(16), 3, 2, act=tnn.Hardswish)]
+    for cin, k, hidden, cout, se, act, stride in MOBILENET_V3_SMALL:
+        layers.append(InvertedResidual(ch(cin), k, ch(hidden), ch(cout), se, acts[act], stride))
+    last = ch(96)
+    model = tnn.Sequential(*layers, _conv_bn(last, 6 * last, 1, act=tnn.Hardswish), tnn.AdaptiveAvgPool2d(1),
+                           tnn.Flatten(), tnn.Linear(6 * last, ch(1024)), tnn.Hardswish(), tnn.Dropout(0.2),
+                           tnn.Linear(ch(1024), num_classes))
+    for m in model.modules():
+        if isinstance(m, tnn.Conv2d):
+            tnn.init.kaiming_normal_(m.weight, mode="fan_out")
+            if m.bias is not None:
+                tnn.init.zeros_(m.bias)
+        elif isinstance(m, tnn.Linear):
+            tnn.init.normal_(m.weight, 0, 0.01)
+            tnn.init.zeros_(m.bias)
+    return model
 
 
 MODELS = {
@@ -102,7 +154,8 @@ MODELS = {
     "convnext": (torch_convnext, None),
     "mobilenetv3": (torch_mobilenetv3, None),
 }
-QUICK = {"resnet18": {"widths": (4, 8, 8, 8)}, "convnext": {"dims": (4, 8, 8, 8), "depths": (1, 1, 1, 1)}}
+QUICK = {"resnet18": {"widths": (4, 8, 8, 8)}, "convnext": {"dims": (4, 8, 8, 8), "depths": (1, 1, 1, 1)},
+         "mobilenetv3": {"width": 0.25}}
 
 
 def _funcnet_runners(model, params, model_state, x, y):
@@ -184,35 +237,42 @@ def run_models(args, rounds, console, interleaved):
                     sd = {k: v.detach().clone() for k, v in module.state_dict().items()}
                     loaded = load_state_dict(ours.init(jax.random.key(0)), sd, state=nn.initial_state(ours))
                     variants.append(("hand-written", ours, *loaded))
+                # every variant, torch eager and torch.compile take turns in the same rounds
+                runners_f, runners_t, errs = {}, {}, {}
                 for how, model, p, s in variants:
-                    fwd, step = _funcnet_runners(model, p, s, x, y)
-                    out = np.asarray(fwd())
+                    runners_f[how], runners_t[how] = _funcnet_runners(model, p, s, x, y)
+                    out = np.asarray(runners_f[how]())
                     # eval logits: sums over up to ~10^4 products per layer through ~20 layers in float32
-                    err = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
-                    tf, ts = _torch_runners(copy.deepcopy(module), x, y, compiled=False)
-                    runners_f = {"funcnet": fwd, "torch": tf}
-                    runners_t = {"funcnet": step, "torch": ts}
-                    if why_not is None:
-                        cf, cs = _torch_runners(copy.deepcopy(module), x, y, compiled=True)
-                        runners_f["torch.compile"], runners_t["torch.compile"] = cf, cs
-                    f = interleaved(runners_f, rounds, 1)
-                    t = interleaved(runners_t, rounds, 1)
+                    errs[how] = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
+                runners_f["torch"], runners_t["torch"] = _torch_runners(copy.deepcopy(module), x, y, compiled=False)
+                if why_not is None:
+                    # a fresh Dynamo per cell: its caches are keyed by code object, shared by every model
+                    # and size, so later cells would compile with dynamic shapes and, past Dynamo's
+                    # recompile limit (8), silently run eager
+                    torch._dynamo.reset()
+                    runners_f["torch.compile"], runners_t["torch.compile"] = _torch_runners(
+                        copy.deepcopy(module), x, y, compiled=True)
+                f_all = interleaved(runners_f, rounds, 1)
+                t_all = interleaved(runners_t, rounds, 1)
+                for how, *_ in variants:
+                    f, t = ({"funcnet": d[how], **{k: v for k, v in d.items() if k.startswith("torch")}}
+                            for d in (f_all, t_all))
                     row = {"model": name, "variant": how, "size": size, "batch": batch, "forward_ms": f,
-                           "train_ms": t, "rel_err": err, "ok": err < 1e-3}
+                           "train_ms": t, "rel_err": errs[how], "ok": errs[how] < 1e-3}
                     rows.append(row)
                     if why_not is not None:
                         row["torch_compile"] = f"not timed: {why_not}"
                     label = f"{name} {how} {size}px b{batch}" + ("" if row["ok"] else " WRONG")
-
-                    def cols(d, width):
-                        c = d.get("torch.compile")
-                        return (f"{d['funcnet']:>{width}.1f} {d['torch']:>8.1f} "
-                                + (f"{c:>8.1f}" if c else f"{'-':>8}") + f" {d['torch'] / d['funcnet']:>10.2f} "
-                                + (f"{c / d['funcnet']:>12.2f}" if c else f"{'-':>12}"))
-                    console.print(f"{label:<34} {cols(f, 20)} | {cols(t, 18)}")
+                    console.print(f"{label:<34} {_cols(f, 20)} | {_cols(t, 18)}")
     if why_not is not None:
         console.print(f"torch.compile columns '-': {why_not}")
     return rows
+
+
+def _cols(d, width):
+    c = d.get("torch.compile")
+    return (f"{d['funcnet']:>{width}.1f} {d['torch']:>8.1f} " + (f"{c:>8.1f}" if c else f"{'-':>8}")
+            + f" {d['torch'] / d['funcnet']:>10.2f} " + (f"{c / d['funcnet']:>12.2f}" if c else f"{'-':>12}"))
 
 
 def compile_unavailable():

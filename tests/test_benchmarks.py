@@ -227,3 +227,41 @@ def test_the_memory_guides_checkpointing_figures_are_the_comparisons_saved_run()
     assert f"torch's saved bytes match the estimate for no and full recomputation ({none}, {full})" in text
     plain, full_remat = temps["GPT(remat=None)"], temps["GPT(remat='full')"]
     assert f"fall from {plain / 1e6:.1f} MB (`GPT`) to {full_remat / 1e6:.1f} MB" in text, temps
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hwio", [False, True])
+def test_channels_last_prototype_convolves_as_funcnet(hwio):
+    """benchmarks/conv_layout.py's NHWC convolutions (each formulation funcnet's rule picks: XLA's,
+    im2col with dropped taps, single tap, depthwise tap sum with its own gradient) give funcnet's
+    NCHW results and gradients, on shapes its layout figures were not tuned on."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from funcnet.nn.functional.conv_strategy import convolve
+
+    conv_nhwc = _script("conv_layout").conv_nhwc
+    rng = np.random.default_rng(3)
+    for n, c, o, s, k, st, g in [(2, 6, 6, 7, 3, 1, 6), (2, 6, 6, 9, 5, 2, 6), (2, 6, 6, 2, 5, 1, 6),
+                                 (2, 6, 10, 3, 3, 1, 1), (2, 3, 10, 9, 7, 2, 1), (2, 10, 12, 5, 1, 2, 1),
+                                 (2, 12, 10, 12, 3, 1, 1)]:
+        x = jnp.asarray(rng.standard_normal((n, c, s, s)), jnp.float32)
+        w = jnp.asarray(rng.standard_normal((o, c // g, k, k)), jnp.float32)
+        pads = ((k // 2, k // 2),) * 2
+
+        def ours(x, w, st=st, pads=pads, g=g):
+            return convolve(x, w, (st, st), pads, (1, 1), (1, 1), g)
+
+        def proto(x, w, st=st, pads=pads, g=g):
+            w = w.transpose(2, 3, 1, 0) if hwio else w
+            return conv_nhwc(x.transpose(0, 2, 3, 1), w, (st, st), pads, g, hwio=hwio).transpose(0, 3, 1, 2)
+
+        y = ours(x, w)
+        gy = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+        # float32 sums: forward c/g*k*k products, input gradient o/g*k*k, weight gradient n*s*s
+        terms = max(c // g * k * k, o // g * k * k, n * s * s)
+        tol = 4 * terms * 2.0 ** -24 * 6.0 ** 2 * 4
+        np.testing.assert_allclose(proto(x, w), y, rtol=0, atol=tol)
+        for a, b in zip(jax.grad(lambda x, w: jnp.vdot(proto(x, w), gy), (0, 1))(x, w),
+                        jax.grad(lambda x, w: jnp.vdot(ours(x, w), gy), (0, 1))(x, w)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=tol)
