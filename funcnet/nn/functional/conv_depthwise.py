@@ -100,7 +100,9 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
         return _row_bands(x, w, pads, out, taps)
     if multiplier == 1 and plain and math.prod(len(t) for t in taps) > FUSED_PAD_TAPS and n == 2 \
             and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:
-        return _phases(x, w, stride, pads, out, taps)
+        cols = _phases(x, w, stride, pads, out, taps)
+        return tree_sum([col * w[:, 0, i, j].reshape(-1, 1, 1)
+                         for col, (i, j) in zip(cols, taps_product(taps))])
     if multiplier == 1 and plain and math.prod(len(t) for t in taps) <= FUSED_PAD_TAPS:
         cols = _cropped(x, stride, pads, rhs_dilation, out, taps)
     else:
@@ -113,7 +115,8 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
 
 
 def _phases(x, w, stride, pads, out, taps):
-    """A strided 2D depthwise convolution as stride-1 slices of the input's phases: phase
+    """``shifted``'s strided slice under each tap (2D, no dilation) as a stride-1 slice of the
+    input's phases: phase
     ``(a, b)`` holds padded rows ``a, a + sh, ...`` and columns ``b, b + sw, ...`` (a
     space-to-depth), tap ``(i, j)`` is phase ``(i % sh, j % sw)`` shifted by
     ``(i // sh, j // sw)``. XLA fuses any slice into the loop that sums the taps, where strided
@@ -142,11 +145,9 @@ def _phases(x, w, stride, pads, out, taps):
             phases.append(jax.lax.pad(col, zero, margins))
         return phases
 
-    phases = jax.lax.cond(w[0, 0, 0, 0] == w[0, 0, 0, 0], split, split, x)
-    phases = dict(zip(used, phases))
-    terms = [jax.lax.slice(phases[i % sh, j % sw], (0, 0, i // sh, j // sw), (*x.shape[:2], i // sh + oh, j // sw + ow))
-             * w[:, 0, i, j].reshape(-1, 1, 1) for i in taps[0] for j in taps[1]]
-    return tree_sum(terms)
+    phases = dict(zip(used, jax.lax.cond(w[0, 0, 0, 0] == w[0, 0, 0, 0], split, split, x)))
+    return [jax.lax.slice(phases[i % sh, j % sw], (0, 0, i // sh, j // sw), (*x.shape[:2], i // sh + oh, j // sw + ow))
+            for i in taps[0] for j in taps[1]]
 
 
 def _row_bands(x, w, pads, out, taps):
@@ -239,7 +240,7 @@ depthwise_conv.defvjp(_depthwise_fwd, _depthwise_bwd)
 def _weight_grad(x, g, w, stride, pads, rhs_dilation):
     if _banded(x.shape, w.shape, stride, pads, rhs_dilation):
         return _weight_grad_banded(x, g, w.shape[2:], pads)
-    return _weight_grad_taps(x, g, w.shape[2:], stride, pads, rhs_dilation)
+    return _weight_grad_taps(x, g, w, stride, pads, rhs_dilation)
 
 
 # the products of each tap are summed elementwise over at least this many slices (examples of
@@ -247,19 +248,24 @@ def _weight_grad(x, g, w, stride, pads, rhs_dilation):
 SUMMED_SLICES = 8
 
 
-def _weight_grad_taps(x, g, kernel, stride, pads, rhs_dilation):
+def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
     """The weight gradient of a depthwise convolution: tap t's is ``sum(shifted_t(x) * g)`` over
-    examples and positions. XLA:CPU keeps a reduction's adds in order, one dependent add per
+    examples and positions (strided 2D: ``shifted_t`` from the input's phases, ``_phases``). XLA:CPU keeps a reduction's adds in order, one dependent add per
     element (autodiff of the tap sum: 4 ms for 8x32x56x56 3x3, torch 0.6 ms); here the products
     are first summed as a tree over the examples (and halves of the first spatial axis while
     fewer than ``SUMMED_SLICES``), elementwise in one vectorized loop, and the reduction runs
     over what is left."""
+    kernel = w.shape[2:]
     out, taps = _depthwise_plan(x.shape, kernel, stride, pads, rhs_dilation)
     n, channels = len(kernel), x.shape[1]
     if not all(taps):
         return jnp.zeros((channels, 1, *kernel), x.dtype)
     sums = []
-    for col in shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps):
+    if n == 2 and stride != (1, 1) and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:  # as the forward
+        cols = _phases(x, w, stride, pads, out, taps)
+    else:
+        cols = shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps)
+    for col in cols:
         parts = [col[b] * g[b] for b in range(x.shape[0])]
         while len(parts) < SUMMED_SLICES and parts[0].shape[1] % 2 == 0:
             half = parts[0].shape[1] // 2
