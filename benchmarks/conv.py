@@ -3,7 +3,7 @@
     python benchmarks/conv.py [--single-thread] [--cpu-time] [--quick] [--part sweep|models|all] [--json out.json]
                               [--baseline old_conv_strategy.py]
 
-1. The sweep: one convolution per row (spatial 1-56, channels 3-512, kernel 1/3/7, stride 1/2,
+1. The sweep: one convolution per row (spatial 1-112, channels 3-512, kernel 1/3/5/7, stride 1/2,
    groups 1 and depthwise, batch 1-64), forward and a train step (input and weight gradients),
    timed for funcnet (``funcnet.nn.functional.conv2d``, the strategy its rule picks), raw
    ``lax.conv_general_dilated`` (``strategy("xla")``) and torch eager; ratios to torch.
