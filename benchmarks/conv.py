@@ -3,7 +3,7 @@
     python benchmarks/conv.py [--single-thread] [--cpu-time] [--quick] [--part sweep|models|all] [--json out.json]
                               [--baseline old_conv_strategy.py]
 
-1. The sweep: one convolution per row (spatial 1-56, channels 3-512, kernel 1/3/7, stride 1/2,
+1. The sweep: one convolution per row (spatial 1-112, channels 3-512, kernel 1/3/5/7, stride 1/2,
    groups 1 and depthwise, batch 1-64), forward and a train step (input and weight gradients),
    timed for funcnet (``funcnet.nn.functional.conv2d``, the strategy its rule picks), raw
    ``lax.conv_general_dilated`` (``strategy("xla")``) and torch eager; ratios to torch.
@@ -16,9 +16,11 @@
    compiler and minutes per model). ``benchmarks/conv_layout.py`` measures the same models with
    activations kept channels-last.
 
-``--baseline FILE`` times another version of ``conv_strategy.py`` (say ``git show
-main:funcnet/nn/functional/conv_strategy.py > /tmp/old.py``) as a column of the sweep beside
-the current one, in the same rounds: a before/after measured side by side.
+``--baseline FILE [DEPTHWISE]`` times another version of ``conv_strategy.py`` (say ``git show
+main:funcnet/nn/functional/conv_strategy.py > /tmp/old.py``), with another
+``conv_depthwise.py`` as the module it imports (the second file, from ``git show`` likewise;
+without it the current one), as a column of the sweep beside the current one, in the same
+rounds: a before/after measured side by side.
 
 Times are medians of interleaved rounds (A, B, C, A, B, C, ...), so a load change hits every
 implementation alike; the load average is printed with the figures. Every row first checks
@@ -46,6 +48,9 @@ SWEEP = [
     (64, 256, 512, 4, 1, 2, 1), (64, 64, 64, 8, 3, 1, 1), (1, 512, 512, 7, 3, 1, 1),
     (8, 32, 32, 56, 3, 1, "dw"), (8, 96, 96, 28, 3, 2, "dw"), (8, 96, 96, 14, 7, 1, "dw"), (8, 384, 384, 7, 7, 1, "dw"),
     (8, 576, 576, 4, 5, 1, "dw"), (64, 240, 240, 2, 5, 1, "dw"),
+    # ConvNeXt's 7x7 depthwise; MobileNetV3's and EfficientNet's 5x5 stride-2 depthwise
+    (8, 192, 192, 28, 7, 1, "dw"), (8, 72, 72, 28, 5, 2, "dw"), (8, 72, 72, 56, 5, 2, "dw"),
+    (8, 32, 32, 112, 5, 2, "dw"),
 ]
 QUICK_SWEEP = [(2, 8, 8, 2, 3, 1, 1), (2, 8, 8, 8, 3, 1, 1), (2, 8, 8, 6, 3, 2, "dw")]
 
@@ -165,14 +170,28 @@ def _convolving(convolve):
     return swapped()
 
 
-def load_baseline(path: str):
-    """The ``convolve`` of the conv_strategy module at ``path``."""
+def load_baseline(path: str, depthwise: str | None = None):
+    """The ``convolve`` of the conv_strategy module at ``path``, importing the conv_depthwise
+    module at ``depthwise`` in place of the current one when given."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("baseline_conv_strategy", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.convolve
+    def load(name, file):
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    current = "funcnet.nn.functional.conv_depthwise"
+    if depthwise is None:
+        return load("baseline_conv_strategy", path).convolve
+    import funcnet.nn.functional.conv_depthwise  # noqa: F401  (the package first, then the swap)
+
+    kept = sys.modules[current]
+    sys.modules[current] = load("baseline_conv_depthwise", depthwise)
+    try:
+        return load("baseline_conv_strategy", path).convolve
+    finally:
+        sys.modules[current] = kept
 
 
 def sweep(shapes, rounds, reps, console):
@@ -209,18 +228,22 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", nargs="+", type=int, default=None, help="only these rows of the sweep (0-based)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile (minutes per model)")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
-    parser.add_argument("--baseline", default=None, metavar="FILE",
-                        help="another conv_strategy.py whose convolve the sweep times beside the current one")
+    parser.add_argument("--baseline", default=None, nargs="+", metavar="FILE",
+                        help="another conv_strategy.py whose convolve the sweep times beside the current one, "
+                             "and optionally the conv_depthwise.py it imports")
     parser.add_argument("--cpu-time", action="store_true",
                         help="time this process's CPU time, not wall time: steadier on a busy machine (with "
                              "--single-thread both frameworks do the same work on one thread either way)")
     args = parser.parse_args(argv)
     if args.cpu_time:
         CLOCK[0] = time.process_time
-    if args.baseline:
-        BASELINE.append(load_baseline(args.baseline))
     if args.single_thread:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    if args.baseline:
+        if len(args.baseline) > 2:
+            parser.error(f"--baseline takes a conv_strategy.py and optionally a conv_depthwise.py, "
+                         f"got {len(args.baseline)} files")
+        BASELINE.append(load_baseline(*args.baseline))
     import jax
     import torch
     from rich.console import Console

@@ -168,12 +168,14 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
 
 
-# (input shape, kernel, padding): each of the tap sum's formulations (conv_depthwise.taps_sum)
-# in the forward and the input gradient, and each weight gradient
+# (input shape, kernel, padding, stride): each of the tap sum's formulations
+# (conv_depthwise.taps_sum) in the forward and the input gradient, and each weight gradient
 DEPTHWISE_FORMS = {
-    "row-bands+banded-weight": ((2, 4, 5, 6), (3, 5), (1, 2)),
-    "flat+banded-weight": ((2, 4, 4, 4), (5, 5), (2, 2)),
-    "fused-pad+weight-summed-over-batch": ((2, 4, 6, 12), (3, 3), (1, 1)),
+    "row-bands+banded-weight": ((2, 4, 5, 6), (3, 5), (1, 2), 1),
+    "flat+banded-weight": ((2, 4, 4, 4), (5, 5), (2, 2), 1),
+    "fused-pad+weight-summed-over-batch": ((2, 4, 6, 12), (3, 3), (1, 1), 1),
+    # strides 2 and 3 past 9 taps: stride-1 slices of the input's phases
+    "phases+weight-summed-over-batch": ((2, 4, 5, 9), (5, 4), (2, 1), (2, 3)),
 }
 
 
@@ -181,24 +183,29 @@ DEPTHWISE_FORMS = {
 def test_depthwise_gradients_equal_autodiff_of_xla_first_and_second_order(form):
     """The depthwise convolution's own gradients (input: a forward tap sum; weight: banded on
     narrow inputs, else summed over the batch before a reduction) against plain autodiff of
-    XLA's convolution, float64: the gradient, and the gradient of a gradient (torch's
+    XLA's convolution, float64: the value and gradient, and the gradient of a gradient (torch's
     create_graph=True) through the custom_vjp's backward. Forward mode is JAX's refusal for a
     custom_vjp, and runs under strategy("xla")."""
     from funcnet.nn.functional import conv2d
 
-    shape, kernel, padding = DEPTHWISE_FORMS[form]
+    shape, kernel, padding, stride = DEPTHWISE_FORMS[form]
     rng = np.random.default_rng(2)
     x, w = rng.standard_normal(shape), rng.standard_normal((4, 1, *kernel))
-    tx, tw, g = rng.standard_normal(x.shape), rng.standard_normal(w.shape), rng.standard_normal(shape)
 
     def conv(how):
         def f(x, w):
             with strategy(how):
-                return conv2d(x, w, None, 1, padding, 1, 4)
+                return conv2d(x, w, None, stride, padding, 1, 4)
         return f
 
-    def first(f):
-        return jax.jit(lambda x, w: jax.vjp(f, x, w)[1](g))(x, w)
+    tx, tw = rng.standard_normal(x.shape), rng.standard_normal(w.shape)
+    g = rng.standard_normal(jax.eval_shape(conv("xla"), x, w).shape)
+
+    def first(f):  # the value and both gradients
+        def value_and_vjp(x, w):
+            y, vjp = jax.vjp(f, x, w)
+            return y, vjp(g)
+        return jax.jit(value_and_vjp)(x, w)
 
     def penalty(f):  # a gradient penalty: the squared norm of the input gradient, differentiated again
         grad_x = lambda x, w: jax.vjp(lambda x: f(x, w), x)[1](g)[0]

@@ -8,7 +8,8 @@ emits each fused op as written: the taps add as a balanced tree (``_tree_sum``);
 ``FUSED_PAD_TAPS`` taps each tap's slice is padded inside the loop (``_cropped``), past that
 the input is padded once, along rows only, and output rows that meet the same kernel rows are
 summed as one band (``_row_bands``), or, on planes at most ``FLAT_WIDTH`` wide, the plane is
-flattened so one vector spans several rows (``_flat``). ``depthwise_conv`` has its own gradients.
+flattened so one vector spans several rows (``_flat``); strided, on narrow outputs, the input
+is split into its phases so each tap is a stride-1 slice (``_phases``). ``depthwise_conv`` has its own gradients.
 docs/design.md, "Convolution strategy", has the measurements.
 """
 
@@ -21,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FLAT_WIDTH", "FUSED_PAD_TAPS", "SUMMED_SLICES", "BAND_WIDTH", "depthwise_conv", "live_taps", "live_weight",
+__all__ = ["FLAT_WIDTH", "FUSED_PAD_TAPS", "PHASE_WIDTH", "SUMMED_SLICES", "BAND_WIDTH", "depthwise_conv", "live_taps", "live_weight",
            "shifted", "taps_product", "taps_sum", "tree_sum"]
 
 
@@ -47,6 +48,9 @@ def shifted(x, stride, pads, lhs_dilation, rhs_dilation, out, taps):
 # a tap sum of at most this many taps pads each tap's slice inside the fused loop; past that
 # the fused pads cost more than one padded copy (docs/design.md)
 FUSED_PAD_TAPS = 9
+# strided tap sums past FUSED_PAD_TAPS taps split the input into phases when the output is at
+# most this wide; on wider outputs the strided slices vectorize well enough (docs/design.md)
+PHASE_WIDTH = 32
 # planes at most this wide are flattened (a row fills at most half of an 8-float vector)
 FLAT_WIDTH = 4
 
@@ -83,7 +87,9 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
     """A depthwise convolution (one input channel per group, ``w`` ``(C*m, 1, *kernel)``) as a
     sum over taps of shifted input times that tap's weight, one fused loop: the padding inside
     it up to ``FUSED_PAD_TAPS`` taps (``_cropped``); past that, at stride 1 in 2D, row bands
-    (``_row_bands``) or a flattened plane (``_flat``); otherwise one padded copy (``shifted``)."""
+    (``_row_bands``) or a flattened plane (``_flat``), at larger strides in 2D on outputs at
+    most ``PHASE_WIDTH`` wide the input's phases (``_phases``); otherwise one padded copy
+    (``shifted``)."""
     n = x.ndim - 2
     channels, multiplier = x.shape[1], w.shape[0] // x.shape[1]
     plain = all(d == 1 for d in lhs_dilation)
@@ -92,6 +98,11 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
         if tuple(out) == x.shape[2:] and x.shape[3] <= FLAT_WIDTH and min(min(p) for p in pads) >= 0:
             return _flat(x, w, pads, taps)
         return _row_bands(x, w, pads, out, taps)
+    if multiplier == 1 and plain and math.prod(len(t) for t in taps) > FUSED_PAD_TAPS and n == 2 \
+            and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:
+        cols = _phases(x, w, stride, pads, out, taps)
+        return tree_sum([col * w[:, 0, i, j].reshape(-1, 1, 1)
+                         for col, (i, j) in zip(cols, taps_product(taps))])
     if multiplier == 1 and plain and math.prod(len(t) for t in taps) <= FUSED_PAD_TAPS:
         cols = _cropped(x, stride, pads, rhs_dilation, out, taps)
     else:
@@ -101,6 +112,42 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
         return tree_sum([col * w[:, 0, t].reshape(channels, *(1,) * n) for t, col in enumerate(cols)])
     terms = [col[:, :, None] * w[None, :, :, t].reshape(1, channels, -1, *(1,) * n) for t, col in enumerate(cols)]
     return tree_sum(terms).reshape(x.shape[0], -1, *out)
+
+
+def _phases(x, w, stride, pads, out, taps):
+    """``shifted``'s strided slice under each tap (2D, no dilation) as a stride-1 slice of the
+    input's phases: phase
+    ``(a, b)`` holds padded rows ``a, a + sh, ...`` and columns ``b, b + sw, ...`` (a
+    space-to-depth), tap ``(i, j)`` is phase ``(i % sh, j % sw)`` shifted by
+    ``(i // sh, j // sw)``. XLA fuses any slice into the loop that sums the taps, where strided
+    reads do not vectorize (8x72x28x28 5x5 /2: 0.44 ms against 0.13 from split phases), so the
+    phases are made behind a conditional on the data, whose two branches are the same split:
+    XLA cannot decide it at compile time and writes the phases out, one pass over the input."""
+    (sh, sw), (oh, ow) = stride, out
+    used = sorted({(i % sh, j % sw) for i in taps[0] for j in taps[1]})
+    reach = (oh + max(taps[0]) // sh, ow + max(taps[1]) // sw)  # phase rows and columns the taps read
+
+    def split(x):
+        zero = jnp.zeros((), x.dtype)
+        phases = []
+        for offsets in used:
+            start, limit, margins = [0, 0], list(x.shape[:2]), [(0, 0, 0), (0, 0, 0)]
+            for size, (lo, _), st, a, m in zip(x.shape[2:], pads, stride, offsets, reach):
+                # phase index p reads input row a + st * p - lo
+                first = max(0, -(-(lo - a) // st))
+                last = min(m - 1, (size - 1 + lo - a) // st)
+                if first > last:  # only padding: an empty slice padded to m
+                    first, last = 0, -1
+                start.append(max(0, a + st * first - lo))
+                limit.append(max(0, a + st * last - lo + 1))
+                margins.append((first, m - 1 - last, 0))
+            col = jax.lax.slice(x, start, limit, (1, 1, *stride))
+            phases.append(jax.lax.pad(col, zero, margins))
+        return phases
+
+    phases = dict(zip(used, jax.lax.cond(w[0, 0, 0, 0] == w[0, 0, 0, 0], split, split, x)))
+    return [jax.lax.slice(phases[i % sh, j % sw], (0, 0, i // sh, j // sw), (*x.shape[:2], i // sh + oh, j // sw + ow))
+            for i in taps[0] for j in taps[1]]
 
 
 def _row_bands(x, w, pads, out, taps):
@@ -193,7 +240,7 @@ depthwise_conv.defvjp(_depthwise_fwd, _depthwise_bwd)
 def _weight_grad(x, g, w, stride, pads, rhs_dilation):
     if _banded(x.shape, w.shape, stride, pads, rhs_dilation):
         return _weight_grad_banded(x, g, w.shape[2:], pads)
-    return _weight_grad_taps(x, g, w.shape[2:], stride, pads, rhs_dilation)
+    return _weight_grad_taps(x, g, w, stride, pads, rhs_dilation)
 
 
 # the products of each tap are summed elementwise over at least this many slices (examples of
@@ -201,19 +248,24 @@ def _weight_grad(x, g, w, stride, pads, rhs_dilation):
 SUMMED_SLICES = 8
 
 
-def _weight_grad_taps(x, g, kernel, stride, pads, rhs_dilation):
+def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
     """The weight gradient of a depthwise convolution: tap t's is ``sum(shifted_t(x) * g)`` over
-    examples and positions. XLA:CPU keeps a reduction's adds in order, one dependent add per
+    examples and positions (strided 2D: ``shifted_t`` from the input's phases, ``_phases``). XLA:CPU keeps a reduction's adds in order, one dependent add per
     element (autodiff of the tap sum: 4 ms for 8x32x56x56 3x3, torch 0.6 ms); here the products
     are first summed as a tree over the examples (and halves of the first spatial axis while
     fewer than ``SUMMED_SLICES``), elementwise in one vectorized loop, and the reduction runs
     over what is left."""
+    kernel = w.shape[2:]
     out, taps = _depthwise_plan(x.shape, kernel, stride, pads, rhs_dilation)
     n, channels = len(kernel), x.shape[1]
     if not all(taps):
         return jnp.zeros((channels, 1, *kernel), x.dtype)
     sums = []
-    for col in shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps):
+    if n == 2 and stride != (1, 1) and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:  # as the forward
+        cols = _phases(x, w, stride, pads, out, taps)
+    else:
+        cols = shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps)
+    for col in cols:
         parts = [col[b] * g[b] for b in range(x.shape[0])]
         while len(parts) < SUMMED_SLICES and parts[0].shape[1] % 2 == 0:
             half = parts[0].shape[1] // 2
