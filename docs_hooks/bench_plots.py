@@ -112,8 +112,44 @@ def _loaded_runs(ax, result):
     ax.set(xlabel="run", ylabel="seconds", title="Runs under load (green: passed)")
 
 
+def _conv_sweep(ax, result):
+    from docs_hooks.benchmarks import _shape
+
+    rows = result["sweep"]
+    ys = range(len(rows))
+    for i, (key, label) in enumerate((("forward_ms", "forward"), ("train_ms", "train step"))):
+        ax.barh([y + (i - 0.5) * 0.4 for y in ys], [r[key]["funcnet"] / r[key]["torch"] for r in rows], height=0.4,
+                label=f"funcnet, {label}")
+    ax.scatter([r["forward_ms"]["lax.conv"] / r["forward_ms"]["torch"] for r in rows], list(ys), marker="|",
+               color="tab:gray", label="XLA's convolution, forward")
+    ax.set_yticks(list(ys), [_shape(r["shape"]) for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(2.0, color="tab:red", linewidth=0.8, linestyle="--", label="2x torch's time")
+    ax.set(xlabel="time over torch eager's (< 1: faster than torch)", title="Convolutions by shape, one core each")
+    ax.legend(fontsize=8, loc="lower right")
+
+
+def _conv_models(ax, result):
+    rows = result["models"]
+    xs = range(len(rows))
+    bars = [("torch", "forward_ms", "eager, forward"), ("torch", "train_ms", "eager, train step"),
+            ("torch.compile", "forward_ms", "compile, forward"), ("torch.compile", "train_ms", "compile, train step")]
+    for i, (torch_kind, key, label) in enumerate(bars):
+        ax.bar([x + (i - 1.5) * 0.2 for x in xs],
+               [r[key][torch_kind] / r[key]["funcnet"] if torch_kind in r[key] else 0.0 for r in rows],
+               width=0.2, label=f"torch {label}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(xs), [f"{r['model']} {r['variant']}\n{r['size']} px, batch {r['batch']}" for r in rows],
+                  fontsize=8)
+    ax.set(ylabel="torch's time over funcnet's (> 1: funcnet faster)",
+           title="Whole convolutional models, one core each")
+    ax.legend(fontsize=8)
+
+
 AXES = {"data_parallel": _data_parallel, "throughput": _throughput, "precision": _precision, "stream_train": _stream_train, "start_up": _start_up, "run_epoch": _run_epoch, "data_loading": _data_loading,
-        "loaded_runs": _loaded_runs}
+        "loaded_runs": _loaded_runs, "conv_sweep": _conv_sweep, "conv_models": _conv_models}
 
 
 def svg(name: str, saved: dict) -> bytes | None:
@@ -131,7 +167,7 @@ def svg(name: str, saved: dict) -> bytes | None:
             fig = plt.figure(figsize=(12, 4.5))
             _models(fig, result)
         else:
-            fig, ax = plt.subplots(figsize=(8, 4.5))
+            fig, ax = plt.subplots(figsize=(8, 7.5) if name == "conv_sweep" else (8, 4.5))
             AXES[name](ax, result)
         fig.tight_layout()
         buf = io.BytesIO()

@@ -25,7 +25,7 @@ __all__ = ["BENCHES", "FIGURES", "PLACEHOLDER", "load", "provenance", "render", 
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
-           "run_epoch", "data_parallel", "loaded_runs")
+           "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -33,6 +33,9 @@ THROUGHPUT_COLUMNS = {"torch eager": "torch eager", "torch.compile": "torch.comp
                       "raw JAX": "raw JAX", "funcnet make_step": "`make_step` loop", "funcnet run_epoch": "`run_epoch`",
                       "matmul floor": "the model's matmuls alone"}
 PEERS = ("raw JAX", "flax nnx", "equinox")
+# runs saved under another name than their script's (save_bench --name): the arguments that save them
+SAVED_AS = {"conv_sweep": "conv --name conv_sweep --part sweep ...",
+            "conv_models": "conv --name conv_models --part models ..."}
 
 
 def load(name: str, data: Path = DATA) -> dict:
@@ -40,7 +43,7 @@ def load(name: str, data: Path = DATA) -> dict:
 
     Raises ValueError naming the file, what is missing and the command that saves it again."""
     path = data / f"bench_{name}.json"
-    again = f"python -m docs_hooks.save_bench {name}"
+    again = f"python -m docs_hooks.save_bench {SAVED_AS.get(name, name)}"
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -193,9 +196,50 @@ def _main_command(result: dict) -> str:
                              f"(wall), {cold['cpu_s'] / warm['cpu_s']:.1f}x (CPU).")
 
 
+def _shape(s: dict) -> str:
+    """A sweep row's convolution: batch, in->out channels, spatial size, kernel, stride, depthwise."""
+    return (f"N{s['batch']} {s['cin']}->{s['cout']} {s['spatial']}x{s['spatial']} k{s['kernel']} s{s['stride']}"
+            + (" dw" if s["groups"] > 1 else ""))
+
+
+def _over_torch(row: dict) -> float:
+    """A sweep row's larger funcnet / torch time ratio, forward or train step."""
+    return max(row[k]["funcnet"] / row[k]["torch"] for k in ("forward_ms", "train_ms"))
+
+
+def _conv_sweep(result: dict) -> str:
+    out = ["| convolution | forward ms: funcnet / XLA / torch | funcnet / torch | "
+           "train step ms: funcnet / XLA / torch | funcnet / torch |", "|---" * 5 + "|"]
+    for r in result["sweep"]:
+        cells = []
+        for d in (r["forward_ms"], r["train_ms"]):
+            ratio = d["funcnet"] / d["torch"]
+            cells += [" / ".join(_f(d[k]) for k in ("funcnet", "lax.conv", "torch")),
+                      f"**{_f(ratio)}**" if ratio > 2 else _f(ratio)]
+        out.append(f"| {_shape(r['shape'])}{'' if r['ok'] else ' (WRONG)'} | " + " | ".join(cells) + " |")
+    worst = max(result["sweep"], key=_over_torch)
+    return "\n".join(out) + (f"\n\nThe largest funcnet / torch ratio, forward or train step, is "
+                             f"{_f(result['worst_sweep_ratio'])} ({_shape(worst['shape'])}); "
+                             + ("ratios above twice torch's time are in bold." if _over_torch(worst) > 2
+                                else "none is above twice torch's time."))
+
+
+def _conv_models(result: dict) -> str:
+    out = ["| model | variant | px, batch | funcnet ms: forward / train | x torch eager | x torch.compile |",
+           "|---" * 6 + "|"]
+    for r in result["models"]:
+        f, t = r["forward_ms"], r["train_ms"]
+        vs = [" / ".join(_f(d[k] / d["funcnet"]) for d in (f, t)) if k in f else "-"
+              for k in ("torch", "torch.compile")]
+        out.append(f"| {r['model']} | {r['variant']}{'' if r['ok'] else ' (WRONG)'} | {r['size']}, {r['batch']} | "
+                   f"{_f(f['funcnet'], 1)} / {_f(t['funcnet'], 1)} | " + " | ".join(vs) + " |")
+    return "\n".join(out)
+
+
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
           "precision": _precision, "stream_train": _stream_train, "data_parallel": _data_parallel,
-          "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs}
+          "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
+          "conv_sweep": _conv_sweep, "conv_models": _conv_models}
 
 
 def _row(result, **match):
@@ -215,6 +259,10 @@ FIGURES = {
         "lstm_vs_cell_loop": lambda res: "{:.1f}".format(
             _row(res, model="lstm", impl="torch LSTMCell loop")["ms_per_step"]
             / _row(res, model="lstm", impl="funcnet run_epoch")["ms_per_step"]),
+    },
+    "conv_sweep": {
+        "xla_worst": lambda res: "{:.0f}".format(max(r[k]["lax.conv"] / r[k]["torch"] for r in res["sweep"]
+                                                     for k in ("forward_ms", "train_ms"))),
     },
     "start_up": {
         "cpu_off_over_warm": lambda res: "-".join(

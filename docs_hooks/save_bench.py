@@ -7,6 +7,9 @@ the UTC date, the process's niceness and the versions of jax and torch. The page
 record above each table, so a figure never appears without its machine, load and command. The
 file is written only if the script exits 0 (its correctness checks against torch passed).
 
+``--name SAVED`` (anywhere after NAME) saves to ``docs/data/bench_SAVED.json`` instead, for two runs of one
+script with different arguments, e.g. ``save_bench conv --name conv_sweep --part sweep``.
+
 ``python -m docs_hooks.save_bench --example NAME [ARGS ...]`` does the same for ``examples/NAME.py``,
 which print their results rather than write JSON: its standard output is saved as
 ``{"stdout": ...}`` in ``docs/data/example_NAME.json`` (``example_NAME-FLAG.json`` with flags, e.g.
@@ -100,16 +103,24 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py"))
         print(f"save_bench: give a benchmark's name first (got {argv[:1] or 'none'}); one of {names}", file=sys.stderr)
         return 2
-    name, args = argv[0], argv[1:]
+    script, args = argv[0], argv[1:]
+    name = script
+    if "--name" in args:
+        at = args.index("--name")
+        if at + 1 >= len(args) or args[at + 1].startswith("-"):
+            print("save_bench: --name needs a value, e.g. --name conv_sweep (saved as bench_conv_sweep.json)",
+                  file=sys.stderr)
+            return 2
+        name, args = args[at + 1], args[:at] + args[at + 2:]
     if "--json" in args:
         print("save_bench: leave out --json; the run is saved to " + str(saved_path(name)), file=sys.stderr)
         return 2
-    command = " ".join(["python", f"benchmarks/{name}.py", *map(shlex.quote, args)])
+    command = " ".join(["python", f"benchmarks/{script}.py", *map(shlex.quote, args)])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
         load_before = os.getloadavg()
         start = datetime.datetime.now(datetime.timezone.utc)
-        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args, "--json", str(out)],
+        code = subprocess.call([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), *args, "--json", str(out)],
                                cwd=ROOT)
         if code != 0 or not out.exists():
             print(f"save_bench: the run exited {code}; {saved_path(name)} is unchanged", file=sys.stderr)

@@ -20,9 +20,6 @@ from docs_hooks import benchmarks
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "benchmarks.md"
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]\d+)?")
-# The one section whose figures are still stated by hand: benchmarks/conv.py is being reworked,
-# and no run of it is saved yet (docs_hooks.benchmarks has no table for it).
-HAND_WRITTEN_SECTIONS = ("## Convolutions",)
 # numbers in the hand-written text that are no measurement: a model's layer sizes and issue numbers
 NOT_MEASURED = {"784-128-10", "jax-ml/jax#23783", "openxla/xla#34273"}
 
@@ -38,9 +35,10 @@ def test_each_saved_run_records_machine_load_command_and_date(name):
     assert len(run["load"]) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in run["load"])
     assert "AMD" in run["machine"] or "Intel" in run["machine"] or "cores" in run["machine"], run["machine"]
     assert {"jax", "torch"} <= set(run["versions"])
-    script = ROOT / "benchmarks" / f"{name}.py"
-    if script.exists():  # the command is the script's, with flags it has
-        assert run["command"].startswith(f"python benchmarks/{name}.py"), run["command"]
+    named = re.match(r"python benchmarks/(\w+)\.py", run["command"])
+    script = ROOT / "benchmarks" / f"{named.group(1) if named else name}.py"
+    if script.exists():  # the command is the script's (saved as NAME, or NAME_PART with --name), with its flags
+        assert named and (name == script.stem or name.startswith(script.stem + "_")), (name, run["command"])
         source = script.read_text()
         for flag in re.findall(r"(?<!\S)--[a-z][a-z-]*", run["command"]):
             assert f'"{flag}"' in source, (name, flag)
@@ -51,11 +49,7 @@ def test_each_saved_run_records_machine_load_command_and_date(name):
 
 
 def _hand_written(text: str) -> str:
-    """The page's own text: no placeholders, code spans or the sections still stated by hand."""
-    for heading in HAND_WRITTEN_SECTIONS:
-        start = text.index(heading)
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + text[end:]
+    """The page's own text: everything but placeholders and code spans (every section reads its saved runs)."""
     text = benchmarks.PLACEHOLDER.sub("", text)
     text = re.sub(r"`[^`]*`", "", text)
     for token in NOT_MEASURED:
@@ -107,6 +101,12 @@ def test_every_number_in_a_table_is_its_runs(name):
         values += [steps["first"][k] / steps["second"][k] for k in ("wall_s", "cpu_s")]
     if name == "start_up":  # the rounds column: how many runs each median is over
         values += [len(r["cpu"]["off"]) for r in saved["result"].values()]
+    if name == "conv_sweep":  # the funcnet / torch ratio per row, forward and train step
+        values += [r[k]["funcnet"] / r[k]["torch"] for r in saved["result"]["sweep"]
+                   for k in ("forward_ms", "train_ms")]
+    if name == "conv_models":  # torch's time over funcnet's, eager and compiled, forward and train step
+        values += [r[k][t] / r[k]["funcnet"] for r in saved["result"]["models"] for k in ("forward_ms", "train_ms")
+                   for t in ("torch", "torch.compile") if t in r[k]]
     assert NUMBER.findall(text), f"{name}: the table shows no number"
     assert not _unexplained(text, values), (name, _unexplained(text, values))
 
@@ -120,12 +120,15 @@ def test_the_prose_figures_are_derived_from_the_runs():
     cold_over_off = [statistics.median(c / o for c, o in zip(r["cpu"]["cold"], r["cpu"]["off"]))
                      for r in start_up.values()]
     off_over_warm = [r["cpu_ratios"]["off"] for r in start_up.values()]
+    xla_over_torch = [r[k]["lax.conv"] / r[k]["torch"] for r in benchmarks.load("conv_sweep")["result"]["sweep"]
+                      for k in ("forward_ms", "train_ms")]
     expected = {
         ("models", "convnet_ours_mb"): f"{conv_mb['funcnet make_step']:.1f}",
         ("models", "convnet_peers_mb"): "{:.1f}-{:.1f}".format(
             min(conv_mb[p] for p in benchmarks.PEERS), max(conv_mb[p] for p in benchmarks.PEERS)),
         ("models", "lstm_vs_cell_loop"): "{:.1f}".format(
             ms[("lstm", "torch LSTMCell loop")]["ms_per_step"] / ms[("lstm", "funcnet run_epoch")]["ms_per_step"]),
+        ("conv_sweep", "xla_worst"): f"{max(xla_over_torch):.0f}",
         ("start_up", "cpu_off_over_warm"): f"{min(off_over_warm):.2f}x-{max(off_over_warm):.2f}x",
         ("start_up", "cold_over_off"): f"{min(cold_over_off):.2f}-{max(cold_over_off):.2f}",
     }
@@ -153,6 +156,25 @@ def test_the_models_prose_verdict_holds_in_the_run():
         ours = [r for r in rows if r["model"] == model and r["impl"].startswith("funcnet")]
         fastest = min(ours, key=lambda r: r["ms_per_step"])
         assert all(fastest["vs"][p] > 1 for p in benchmarks.PEERS), (model, fastest["impl"], fastest["vs"])
+
+
+def test_the_convolution_runs_are_complete_and_checked_against_torch():
+    """Every sweep row and model matched torch, the sweep's stated worst ratio is its rows', and the
+    models run timed what its command asked for (torch.compile with ``--compile``)."""
+    sweep = benchmarks.load("conv_sweep")
+    rows = sweep["result"]["sweep"]
+    assert rows and all(r["ok"] for r in rows), [r["shape"] for r in rows if not r["ok"]]
+    worst = max(r[k]["funcnet"] / r[k]["torch"] for r in rows for k in ("forward_ms", "train_ms"))
+    stated = sweep["result"]["worst_sweep_ratio"]
+    assert abs(stated - worst) <= 1e-9 * worst, (stated, worst)  # the same float divisions: equal but for rounding
+    assert "--quick" not in sweep["run"]["command"] and "--part sweep" in sweep["run"]["command"]
+    models = benchmarks.load("conv_models")
+    cells = models["result"]["models"]
+    assert cells and all(r["ok"] for r in cells), [(r["model"], r["variant"]) for r in cells if not r["ok"]]
+    command = models["run"]["command"]
+    assert "--quick" not in command and "--part models" in command
+    compiled = "--compile" in command
+    assert all(("torch.compile" in r["forward_ms"]) == compiled for r in cells), command
 
 
 def test_the_page_renders_and_a_bad_placeholder_is_named(tmp_path):
