@@ -217,8 +217,10 @@ def _float32_batchnorm_grads(pristine, fresh) -> dict:
     """Diagnosis only, not part of the rule: torch's float32 gradients with every training-mode
     ``F.batch_norm`` computed in float32 arithmetic (autograd of its mean and variance). torch's
     CPU kernel accumulates a float32 BatchNorm's sums in float64 (``acc_type<float>`` is double
-    on CPU, float on CUDA); funcnet's sums are float32. Where the float32 gradient's error comes
-    from those sums, this figure is near funcnet's ``grad_exact``."""
+    on CPU, float on CUDA); funcnet's sums are float32, measured as close to exact as torch's per
+    layer (docs/design.md). A figure near funcnet's ``grad_exact`` is not proof that the sums cause
+    it: on densenet121 both land on the same side of one pre-ReLU value within float32's error of
+    zero (a kink), where torch's own float32 on two threads is as far off."""
     import numpy as np
     import torch
     import torch.nn.functional as F
