@@ -358,3 +358,28 @@ def test_fit_shape_error_names_the_full_input_shape_without_jax_frames():
     assert info.value.__cause__ is None and info.value.__suppress_context__
     frames = traceback.extract_tb(info.value.__traceback__)
     assert not [f.filename for f in frames if "/jax/" in f.filename or "/jax/_src/" in f.filename]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 17, 13, 4, 3, 2, 1), (1, 2, 8, 11, 2, 3, (2, 3), 1),
+                                   (2, 2, 10, 10, 5, 4, 2, 2), (2, 3, 7, 9, 2, 2, 3, 0)])
+def test_strided_short_sum_stem_equals_torch_in_float64(shape):
+    # a first layer of 1-3 channels with stride > 1: the written-out sum reads the input's phases
+    from funcnet.nn import functional as F
+    from funcnet.nn.functional import conv_strategy
+
+    n, c, h, w_, o, k, s, p = shape
+    assert c * k * k <= conv_strategy.SHORT_CONTRACTION  # the rule's short sum, not the patches
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((n, c, h, w_)), rng.standard_normal((o, c, k, k))
+    with jax.enable_x64(True):
+        def f(x, w):
+            return F.conv2d(x, w, stride=s, padding=p)
+        y = f(jnp.asarray(x), jnp.asarray(w))
+        gx, gw = jax.grad(lambda x, w: jnp.sum(jnp.sin(f(x, w))), argnums=(0, 1))(jnp.asarray(x), jnp.asarray(w))
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    yt = torch.nn.functional.conv2d(xt, wt, stride=s, padding=p)
+    torch.sin(yt).sum().backward()
+    # each output sums at most 32 products and each gradient a few hundred: float64 eps times that
+    for ours, theirs in ((y, yt), (gx, xt.grad), (gw, wt.grad)):
+        theirs = theirs.detach().numpy()
+        np.testing.assert_allclose(np.asarray(ours), theirs, rtol=0, atol=1e3 * np.finfo(np.float64).eps * np.abs(theirs).max())
