@@ -3,7 +3,7 @@
     python benchmarks/conv.py [--single-thread] [--cpu-time] [--quick] [--part sweep|models|all] [--json out.json]
                               [--baseline old_conv_strategy.py]
 
-1. The sweep: one convolution per row (spatial 1-112, channels 3-512, kernel 1/3/5/7, stride 1/2,
+1. The sweep: one convolution per row (spatial 1-224, channels 3-512, kernel 1/3/5/7, stride 1/2,
    groups 1 and depthwise, batch 1-64), forward and a train step (input and weight gradients),
    timed for funcnet (``funcnet.nn.functional.conv2d``, the strategy its rule picks), raw
    ``lax.conv_general_dilated`` (``strategy("xla")``) and torch eager; ratios to torch.
@@ -51,6 +51,8 @@ SWEEP = [
     # ConvNeXt's 7x7 depthwise; MobileNetV3's and EfficientNet's 5x5 stride-2 depthwise
     (8, 192, 192, 28, 7, 1, "dw"), (8, 72, 72, 28, 5, 2, "dw"), (8, 72, 72, 56, 5, 2, "dw"),
     (8, 32, 32, 112, 5, 2, "dw"),
+    # a 3x3 stride-2 stem on 224 px images (MobileNetV3, EfficientNet) and its depthwise successor
+    (8, 3, 16, 224, 3, 2, 1), (8, 16, 16, 112, 3, 2, "dw"),
 ]
 QUICK_SWEEP = [(2, 8, 8, 2, 3, 1, 1), (2, 8, 8, 8, 3, 1, 1), (2, 8, 8, 6, 3, 2, "dw")]
 
