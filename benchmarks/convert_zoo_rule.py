@@ -12,7 +12,9 @@ is float32 rounding that the model amplifies, not a difference in what is comput
    precision; a cap 1000x below the tightest float32 bound (1e-5) keeps any it could produce
    from passing;
 2. funcnet's float32 result is as near the exact answer as torch's own: against torch in
-   float64, ours within 4x of torch's float32 (or within the float32 bound itself). Two correct
+   float64, ours within 4x of torch's float32 (or within the float32 bound itself); the
+   script gives for gradients the farther of torch at one thread and at two, as torch's float32
+   gradients move with its thread count (its reductions split by thread). Two correct
    float32 computations that sum in different orders (XLA's fusions and tree reductions, oneDNN's
    blocked loops) are off by similar amounts, and the largest of many such errors varies between
    them by a small factor; 4 (two bits) admits that and no more: an implementation that loses
