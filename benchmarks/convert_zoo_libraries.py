@@ -92,15 +92,12 @@ def _largest(tree) -> float:
 
 def check(name: str) -> dict:
     """One model: convert, then the figures above; the row's ``status`` and ``why``."""
-    import jax
-    import jax.numpy as jnp
-    import torch
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from convert_check import dict_rel, loss_of, to_jax
+    from convert_check import dict_rel, to_jax
 
     import funcnet
-    from funcnet import interop, nn
+    from funcnet import interop
 
     row: dict = {"model": name}
     module, trace, fresh = build(name)
@@ -118,21 +115,8 @@ def check(name: str) -> dict:
     row["convert_s"] = round(time.perf_counter() - start, 1)
     jfresh = to_jax(fresh)
     try:
-        with torch.no_grad():
-            want = module(**fresh)
-        got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(params, state, jfresh)
+        want, got, named, grads, new_state = _both_steps(module, model, params, state, fresh, jfresh)
         row["fwd"], row["fwd_scale"] = _out_rel(got, want), _largest(want)
-
-        module.train()
-        module.zero_grad()
-        loss_of(module(**fresh), torch).backward()
-
-        def f(p):
-            y, s = nn.call(model, p, state, train=True, key=jax.random.key(0), **jfresh)
-            return loss_of(y, jnp), s
-
-        grads, new_state = jax.jit(jax.grad(f, has_aux=True))(params)
-        named = {k: p.grad for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
         ours_grad = funcnet.state_dict(grads)
         ours_grad = {k: ours_grad[k] for k in named} if set(named) <= set(ours_grad) else None
         row["grad"] = dict_rel(ours_grad, named) if ours_grad is not None else float("inf")
@@ -161,37 +145,63 @@ def check(name: str) -> dict:
     return row
 
 
+def _both_steps(module, model, params, state, fresh: dict, jfresh: dict):
+    """The eval forward and one train-mode gradient on both sides, from the same weights and input:
+    ``(torch's output, ours, torch's named gradients, our gradients, our new state)``; ``module``
+    is left in train mode with its ``.grad`` set."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from convert_check import loss_of
+
+    from funcnet import nn
+
+    with torch.no_grad():
+        want = module.eval()(**fresh)
+    got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(params, state, jfresh)
+    module.train()
+    module.zero_grad()
+    loss_of(module(**fresh), torch).backward()
+
+    def f(p):
+        y, s = nn.call(model, p, state, train=True, key=jax.random.key(0), **jfresh)
+        return loss_of(y, jnp), s
+
+    grads, new_state = jax.jit(jax.grad(f, has_aux=True))(params)
+    named = {k: p.grad for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
+    return want, got, named, grads, new_state
+
+
+def _torch_grads(pristine, fresh: dict) -> dict:
+    """torch's train-mode gradients of a copy of ``pristine`` on ``fresh``, as float64 numpy."""
+    import numpy as np
+    import torch
+    from convert_check import loss_of
+
+    module = copy.deepcopy(pristine).train()
+    loss_of(module(**fresh), torch).backward()
+    return {k: np.asarray(p.grad.detach().double().numpy())
+            for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
+
+
 def _in_float64(pristine, trace, fresh, ours: dict, torch32: dict) -> dict:
     """The float64 figures of the rule: the model converted in float64 against torch in float64
     (``fwd64``, ``grad64``, ``state64``), and ``<m>_exact`` = [ours, torch's float32], each
     against torch in float64 from the same weights and input, measured as the float32 figures."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import torch
-    from convert_check import _cast, dict_rel, loss_of, to_jax
+    from convert_check import _cast, dict_rel, to_jax
 
     import funcnet
-    from funcnet import interop, nn
+    from funcnet import interop
 
     jax.config.update("jax_enable_x64", True)
     try:
         module = copy.deepcopy(pristine).double().eval()
         model, params, state = interop.convert(module, **_cast(trace, torch.float64))
         fresh64 = _cast(fresh, torch.float64)
-        jfresh = to_jax(fresh64)
-        with torch.no_grad():
-            want = module(**fresh64)
-        got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(params, state, jfresh)
-        module.train()
-        loss_of(module(**fresh64), torch).backward()
-
-        def f(p):
-            y, s = nn.call(model, p, state, train=True, key=jax.random.key(0), **jfresh)
-            return loss_of(y, jnp), s
-
-        grads, new_state = jax.jit(jax.grad(f, has_aux=True))(params)
-        named = {k: p.grad for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
+        want, got, named, grads, new_state = _both_steps(module, model, params, state, fresh64, to_jax(fresh64))
         grads = funcnet.state_dict(grads)
         buffers = dict(module.named_buffers())
         persistent = {k: v for k, v in module.state_dict().items() if k in buffers}
@@ -221,19 +231,13 @@ def _in_float64(pristine, trace, fresh, ours: dict, torch32: dict) -> dict:
 
 def _torch_grad_rel(pristine, fresh, exact: dict, threads: int) -> float:
     """torch's float32 gradients at ``threads`` threads against ``exact`` (torch in float64)."""
-    import numpy as np
     import torch
-    from convert_check import dict_rel, loss_of
+    from convert_check import dict_rel
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        module = copy.deepcopy(pristine).train()
-        module.zero_grad()
-        loss_of(module(**fresh), torch).backward()
-        grads = {k: np.asarray(p.grad.detach().double().numpy())
-                 for k, p in module.named_parameters(remove_duplicate=False) if p.grad is not None}
-        return dict_rel(grads, exact)
+        return dict_rel(_torch_grads(pristine, fresh), exact)
     finally:
         torch.set_num_threads(before)
 
@@ -246,10 +250,8 @@ def _float32_batchnorm_grads(pristine, fresh) -> dict:
     layer (docs/design.md). A figure near funcnet's ``grad_exact`` is not proof that the sums cause
     it: on densenet121 both land on the same side of one pre-ReLU value within float32's error of
     zero (a kink), where torch's own float32 on two threads is as far off."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
-    from convert_check import loss_of
 
     kernel = F.batch_norm
 
@@ -262,14 +264,11 @@ def _float32_batchnorm_grads(pristine, fresh) -> dict:
         y = (x - mean) * torch.rsqrt(var + eps)
         return y if weight is None else y * weight.reshape(shape) + (0 if bias is None else bias.reshape(shape))
 
-    module = copy.deepcopy(pristine).train()
     F.batch_norm = float32_bn
     try:
-        loss_of(module(**fresh), torch).backward()
+        return _torch_grads(pristine, fresh)
     finally:
         F.batch_norm = kernel
-    return {k: np.asarray(p.grad.double().numpy()) for k, p in module.named_parameters(remove_duplicate=False)
-            if p.grad is not None}
 
 
 def _state_rel(ours: dict, theirs: dict, key: str) -> float:
