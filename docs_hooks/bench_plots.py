@@ -51,14 +51,20 @@ def _start_up(ax, result):
     ax.legend(fontsize=8)
 
 
+def _pairs(ax, rows, left: tuple, right: tuple, ticks: list) -> None:
+    """Two bars per row, ``left`` and ``right`` each ``(key, label)``, with a legend."""
+    xs = range(len(rows))
+    for shift, (key, label) in ((-0.2, left), (0.2, right)):
+        ax.bar([x + shift for x in xs], [r[key] for r in rows], width=0.4, label=label)
+    ax.set_xticks(list(xs), ticks)
+    ax.legend(fontsize=8)
+
+
 def _run_epoch(ax, result):
     rows = result["rows"]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["loop_seconds"] for r in rows], width=0.4, label="make_step loop")
-    ax.bar([x + 0.2 for x in xs], [r["scan_seconds"] for r in rows], width=0.4, label="run_epoch scan")
-    ax.set_xticks(list(xs), [f"batch {r['batch']}" for r in rows])
+    _pairs(ax, rows, ("loop_seconds", "make_step loop"), ("scan_seconds", "run_epoch scan"),
+           [f"batch {r['batch']}" for r in rows])
     ax.set(ylabel=f"seconds per {result['epochs']} epochs", title="run_epoch against a Python loop of steps")
-    ax.legend(fontsize=8)
 
 
 def _data_loading(ax, result):
@@ -74,23 +80,15 @@ def _data_loading(ax, result):
 
 def _precision(ax, result):
     rows = result["rows"]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["time_vs_fp32"] for r in rows], width=0.4, label="step time")
-    ax.bar([x + 0.2 for x in xs], [r["temps_vs_fp32"] for r in rows], width=0.4, label="compiled temps")
+    _pairs(ax, rows, ("time_vs_fp32", "step time"), ("temps_vs_fp32", "compiled temps"), [r["mode"] for r in rows])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_xticks(list(xs), [r["mode"] for r in rows])
     ax.set(ylabel="over fp32's (> 1: more)", title="Mixed precision on this CPU: step time and scratch memory")
-    ax.legend(fontsize=8)
 
 
 def _stream_train(ax, result):
     rows = result["rows"]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["train_s"] for r in rows], width=0.4, label="training")
-    ax.bar([x + 0.2 for x in xs], [r["wall_s"] for r in rows], width=0.4, label="end to end")
-    ax.set_xticks(list(xs), [r["source"] for r in rows])
+    _pairs(ax, rows, ("train_s", "training"), ("wall_s", "end to end"), [r["source"] for r in rows])
     ax.set(ylabel="seconds (median)", title="funcnet train: in memory against --stream")
-    ax.legend(fontsize=8)
 
 
 def _data_parallel(ax, result):
