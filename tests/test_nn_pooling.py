@@ -66,10 +66,12 @@ def test_name_is_torch_repr(row):
     assert ours.name == repr(theirs)
 
 
-@pytest.mark.parametrize("args,kwargs", [((3, 1, 1), {}), ((2, 1, 1), dict(dilation=2, ceil_mode=True))],
-                         ids=["overlapping", "dilated"])
+@pytest.mark.parametrize("args,kwargs", [((3, 1, 1), {}), ((2, 1, 1), dict(dilation=2, ceil_mode=True)),
+                                         ((3, 2), dict(ceil_mode=True)), ((3, 1, 1), dict(ceil_mode=True))],
+                         ids=["overlapping", "dilated", "ceil", "overlapping-ceil"])
 def test_max_pool_gradient_on_ties_goes_to_the_first_maximum(args, kwargs):
     # rounded inputs tie often; torch gives each window's gradient to its first maximum
+    # (GoogLeNet's pools are the ceil_mode rows: a last window that runs off the edge)
     x = np.round(np.random.default_rng(0).standard_normal((2, 2, 6, 7)))
     check_layer(nn.MaxPool2d(*args, **kwargs), torch.nn.MaxPool2d(*args, **kwargs), [x])
 
