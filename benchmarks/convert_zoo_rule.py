@@ -13,8 +13,10 @@ is float32 rounding that the model amplifies, not a difference in what is comput
    from passing;
 2. funcnet's float32 result is as near the exact answer as torch's own: against torch in
    float64, ours within 4x of torch's float32 (or within the float32 bound itself); the
-   script gives for gradients the farther of torch at one thread and at two, as torch's float32
-   gradients move with its thread count (its reductions split by thread). Two correct
+   script gives for gradients the farthest of torch at one thread, at two (torch's float32
+   gradients move with its thread count: its reductions split by thread) and on inputs one
+   float apart (a gradient jumps at a ReLU kink or a max pool's tie, where float32 lands on
+   either side by its rounding, for an input float32 cannot tell from this one). Two correct
    float32 computations that sum in different orders (XLA's fusions and tree reductions, oneDNN's
    blocked loops) are off by similar amounts, and the largest of many such errors varies between
    them by a small factor; 4 (two bits) admits that and no more: an implementation that loses

@@ -9,7 +9,7 @@ emits each fused op as written: the taps add as a balanced tree (``_tree_sum``);
 the input is padded once, along rows only, and output rows that meet the same kernel rows are
 summed as one band (``_row_bands``), or, on planes at most ``FLAT_WIDTH`` wide, the plane is
 flattened so one vector spans several rows (``_flat``); strided, on narrow outputs, the input
-is split into its phases so each tap is a stride-1 slice (``_phases``). ``depthwise_conv`` has its own gradients.
+is split into its phases so each tap is a stride-1 slice (``phase_slices``). ``depthwise_conv`` has its own gradients.
 docs/design.md, "Convolution strategy", has the measurements.
 """
 
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["FLAT_WIDTH", "FUSED_PAD_TAPS", "PHASE_WIDTH", "SUMMED_SLICES", "BAND_WIDTH", "depthwise_conv", "live_taps", "live_weight",
-           "shifted", "taps_product", "taps_sum", "tree_sum"]
+           "phase_slices", "shifted", "taps_product", "taps_sum", "tree_sum"]
 
 
 def live_taps(size: int, lo: int, lhs_dilation: int, out: int, stride: int, dilation: int, kernel: int):
@@ -88,7 +88,7 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
     sum over taps of shifted input times that tap's weight, one fused loop: the padding inside
     it up to ``FUSED_PAD_TAPS`` taps (``_cropped``); past that, at stride 1 in 2D, row bands
     (``_row_bands``) or a flattened plane (``_flat``), at larger strides in 2D on outputs at
-    most ``PHASE_WIDTH`` wide the input's phases (``_phases``); otherwise one padded copy
+    most ``PHASE_WIDTH`` wide the input's phases (``phase_slices``); otherwise one padded copy
     (``shifted``)."""
     n = x.ndim - 2
     channels, multiplier = x.shape[1], w.shape[0] // x.shape[1]
@@ -100,7 +100,7 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
         return _row_bands(x, w, pads, out, taps)
     if multiplier == 1 and plain and math.prod(len(t) for t in taps) > FUSED_PAD_TAPS and n == 2 \
             and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:
-        cols = _phases(x, w, stride, pads, out, taps)
+        cols = phase_slices(x, w, stride, pads, out, taps)
         return tree_sum([col * w[:, 0, i, j].reshape(-1, 1, 1)
                          for col, (i, j) in zip(cols, taps_product(taps))])
     if multiplier == 1 and plain and math.prod(len(t) for t in taps) <= FUSED_PAD_TAPS:
@@ -114,7 +114,7 @@ def taps_sum(x, w, stride, pads, lhs_dilation, rhs_dilation, out, taps):
     return tree_sum(terms).reshape(x.shape[0], -1, *out)
 
 
-def _phases(x, w, stride, pads, out, taps):
+def phase_slices(x, w, stride, pads, out, taps):
     """``shifted``'s strided slice under each tap (2D, no dilation) as a stride-1 slice of the
     input's phases: phase
     ``(a, b)`` holds padded rows ``a, a + sh, ...`` and columns ``b, b + sw, ...`` (a
@@ -265,7 +265,7 @@ SUMMED_SLICES = 8
 
 def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
     """The weight gradient of a depthwise convolution: tap t's is ``sum(shifted_t(x) * g)`` over
-    examples and positions (strided 2D: ``shifted_t`` from the input's phases, ``_phases``). XLA:CPU keeps a reduction's adds in order, one dependent add per
+    examples and positions (strided 2D: ``shifted_t`` from the input's phases, ``phase_slices``). XLA:CPU keeps a reduction's adds in order, one dependent add per
     element (autodiff of the tap sum: 4 ms for 8x32x56x56 3x3, torch 0.6 ms); here the products
     are first summed as a tree over the examples (and halves of the first spatial axis while
     fewer than ``SUMMED_SLICES``), elementwise in one vectorized loop, and the reduction runs
@@ -277,7 +277,7 @@ def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
         return jnp.zeros((channels, 1, *kernel), x.dtype)
     sums = []
     if n == 2 and stride != (1, 1) and rhs_dilation == (1, 1) and out[1] <= PHASE_WIDTH:  # as the forward
-        cols = _phases(x, w, stride, pads, out, taps)
+        cols = phase_slices(x, w, stride, pads, out, taps)
     else:
         cols = shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps)
     for col in cols:

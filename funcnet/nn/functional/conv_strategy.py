@@ -28,8 +28,8 @@ import jax.numpy as jnp
 
 from jax.custom_derivatives import SymbolicZero
 
-from funcnet.nn.functional.conv_depthwise import (_phases, depthwise_conv, live_taps, live_weight, shifted, taps_sum,
-                                                   tree_sum)
+from funcnet.nn.functional.conv_depthwise import (depthwise_conv, live_taps, live_weight, phase_slices, shifted,
+                                                   taps_sum, tree_sum)
 
 __all__ = ["STRATEGIES", "choose", "convolve", "strategy"]
 
@@ -147,7 +147,7 @@ def _short_sum(x, w, stride, pads, rhs_dilation, out, taps):
     reverse mode transposes that as before and forward mode works."""
     n = x.ndim - 2
     if n == 2 and stride != (1, 1) and rhs_dilation == (1, 1):  # a strided stem: stride-1 reads of phases
-        cols = _phases(x, w, stride, pads, out, taps)
+        cols = phase_slices(x, w, stride, pads, out, taps)
     else:
         cols = shifted(x, stride, pads, (1,) * n, rhs_dilation, out, taps)
     w = live_weight(w, taps).reshape(w.shape[0], x.shape[1], len(cols))
