@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["float_dtype", "ntuple"]
+__all__ = ["apart", "float_dtype", "ntuple"]
 
 
 def float_dtype(dtype=None):
@@ -30,3 +30,19 @@ def ntuple(value, n: int, what: str, where: str, minimum: int) -> tuple[int, ...
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in values)):
         raise ValueError(f"{where}: {what} must be an int >= {minimum} or a tuple of {n} such ints, got {value!r}")
     return values
+
+
+def apart(body, *operands):
+    """``body(*operands)``, computed apart from whatever produced the operands and from whatever
+    consumes its result. XLA fuses elementwise producers and consumers into one loop and
+    computes a fused producer again for each use (a depthwise convolution's taps read the
+    BatchNorm and activation before it once per tap; a max pool's gradient reads the window
+    search once per tap). Inside a conditional on the data whose two branches are both ``body``
+    the body is its own computation, its operands and results buffers written once: XLA cannot
+    decide the branch at compile time. An ``optimization_barrier`` does not survive to XLA:CPU's
+    fusion, and a conditional whose branches are the identity is simplified away. The predicate
+    reads the last operand's first element (equal to itself unless NaN, and then the same body
+    runs)."""
+    first = operands[-1].reshape(-1)[0]
+    return jax.lax.cond(first == first, body, body, *operands)
+

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funcnet.nn.functional._common import apart
+
 __all__ = ["FLAT_WIDTH", "FUSED_PAD_TAPS", "PHASE_WIDTH", "SUMMED_SLICES", "BAND_WIDTH", "depthwise_conv", "live_taps", "live_weight",
            "phase_slices", "shifted", "taps_product", "taps_sum", "tree_sum"]
 
@@ -225,19 +227,6 @@ def depthwise_conv(x, w, stride, pads, rhs_dilation):
     body = functools.partial(taps_sum, stride=stride, pads=pads, lhs_dilation=(1,) * len(stride),
                              rhs_dilation=rhs_dilation, out=out, taps=taps)
     return apart(body, x, w)
-
-
-def apart(body, x, w):
-    """``body(x, w)``, computed apart from whatever produced ``x``. XLA fuses an elementwise
-    producer (BatchNorm's affine, an activation) into the loop that sums the taps and computes it
-    again for every tap, where vectorization is lost too: 8x88x28x28 3x3 after a hardswish took
-    5.4 ms against 0.33 + 0.19 ms for the two apart. Inside a conditional on the data whose two
-    branches are both ``body``, the tap sum is its own computation and its operand a buffer
-    written once (XLA cannot decide the branch at compile time); an ``optimization_barrier``
-    does not survive to XLA:CPU's fusion, and a conditional whose branches are the identity is
-    simplified away."""
-    first = w.reshape(-1)[0]  # w == w unless NaN, and then the same body runs
-    return jax.lax.cond(first == first, body, body, x, w)
 
 
 def _depthwise_fwd(x, w, stride, pads, rhs_dilation):
