@@ -34,11 +34,11 @@ __all__ = ["conv_nhwc", "prototype", "main"]
 
 
 def _plan(sizes, kernel, stride, pads, lhs_dilation=(1, 1)):
-    from funcnet.nn.functional.conv_strategy import _taps
+    from funcnet.nn.functional.conv_depthwise import live_taps
 
     out = tuple((s * ld - ld + 1 + lo + hi - (k - 1) - 1) // st + 1
                 for s, ld, (lo, hi), k, st in zip(sizes, lhs_dilation, pads, kernel, stride))
-    taps = tuple(_taps(s, lo, ld, o, st, 1, k)
+    taps = tuple(live_taps(s, lo, ld, o, st, 1, k)
                  for s, (lo, _), ld, o, st, k in zip(sizes, pads, lhs_dilation, out, stride, kernel))
     return out, taps
 
@@ -94,9 +94,9 @@ def _depthwise_nhwc():
 
 
 def _plan_taps(size, lo, lhs_dilation, out, kernel):
-    from funcnet.nn.functional.conv_strategy import _taps
+    from funcnet.nn.functional.conv_depthwise import live_taps
 
-    return _taps(size, lo, lhs_dilation, out, 1, 1, kernel)
+    return live_taps(size, lo, lhs_dilation, out, 1, 1, kernel)
 
 
 def conv_nhwc(x, w, stride, pads, groups, hwio=False):
@@ -111,7 +111,9 @@ def conv_nhwc(x, w, stride, pads, groups, hwio=False):
     kernel, cg = (w.shape[:2], w.shape[2]) if hwio else (w.shape[2:], w.shape[1])
     out, taps = _plan(x.shape[1:3], kernel, stride, pads)
     depthwise = cg == 1 and groups > 1
-    how = choose(x.shape[1:3], out, kernel, taps, (1, 1), depthwise, cg * math.prod(kernel))
+    channels = x.shape[3] if hwio else x.shape[1]
+    patch_bytes = x.shape[0] * channels * math.prod(len(t) for t in taps) * math.prod(out) * x.dtype.itemsize
+    how = choose(x.shape[1:3], out, kernel, taps, (1, 1), depthwise, cg * math.prod(kernel), patch_bytes)
     if how == "taps" and not depthwise:
         how = "im2col"
     if how == "xla":

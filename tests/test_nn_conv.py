@@ -142,7 +142,9 @@ def _conv_ops(fn, *args):
     ((8, 64, 2, 2), 3, 1, 1, "im2col"),  # a kernel over (almost) all of a small input: XLA:CPU's slow path
     ((8, 64, 1, 1), 3, 1, 1, "im2col"),  # only the centre tap meets data: a matrix multiply
     ((8, 64, 4, 4), 1, 2, 1, "im2col"),  # one tap
-    ((8, 128, 7, 7), 3, 1, 1, "im2col"),  # 49 output positions, 1152 products each
+    ((8, 256, 7, 7), 3, 1, 1, "im2col"),  # 49 output positions, 2304 products each, 3.6 MB of patches
+    ((8, 128, 7, 7), 3, 1, 1, "xla"),  # 1152 products each: XLA's as fast
+    ((64, 256, 4, 4), 3, 1, 1, "xla"),  # 2304 products, but 9 MB of patches: past PATCH_BYTES
     ((64, 64, 8, 8), 3, 1, 1, "xla"),  # 64 positions, 576 products each
     ((2, 16, 32, 32), 3, 1, 1, "xla"),  # 1024 output positions
     ((8, 16, 4, 4), 3, 1, 1, "xla"),  # 16 positions of 144 products (benchmarks/models.py's conv net)

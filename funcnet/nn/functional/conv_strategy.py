@@ -31,15 +31,17 @@ from jax.custom_derivatives import SymbolicZero
 from funcnet.nn.functional.conv_depthwise import (depthwise_conv, live_taps, live_weight, phase_slices, shifted,
                                                    taps_sum, tree_sum)
 
-__all__ = ["STRATEGIES", "choose", "convolve", "strategy"]
+__all__ = ["LONG_CONTRACTION", "PATCH_BYTES", "SHORT_CONTRACTION", "SMALL_OUTPUT", "STRATEGIES", "choose", "convolve",
+           "strategy"]
 
 STRATEGIES = ("auto", "xla", "im2col", "taps")
 _current = ["auto"]
 _SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
-# im2col when the output has at most this many positions per image and each output sums at
-# least this many products (see docs/design.md)
+# im2col when the output has at most this many positions per image, each output sums at
+# least this many products and the patches take at most PATCH_BYTES (see docs/design.md)
 SMALL_OUTPUT = 64
-LONG_CONTRACTION = 1024
+LONG_CONTRACTION = 2048
+PATCH_BYTES = 4 * 2**20
 # im2col too when each output sums at most this many products (1-3 input channels, a 3x3
 # kernel: a network's first layer), where XLA:CPU's convolution is 3-9x torch's forward time
 SHORT_CONTRACTION = 32
@@ -62,14 +64,16 @@ def strategy(name: str):
         _current[0] = old
 
 
-def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int) -> str:
+def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int,
+           patch_bytes: int = 0) -> str:
     """The strategy for one convolution from its static shapes (docs/design.md has the table):
     im2col where XLA:CPU's convolution is slow (a kernel that spans the whole input, taps that
     only meet padding, a contraction of at most 32 products, or few output positions per image
-    with a long contraction) and on a
+    with a long contraction and patches that stay in cache) and on a
     single tap (a matrix multiply); a sum over taps for depthwise; XLA elsewhere.
-    ``contraction``: input channels per group times taps. Accelerators always get XLA's
-    convolution (cuDNN has no such cliff)."""
+    ``contraction``: input channels per group times taps; ``patch_bytes``: the size of the
+    patches im2col would write (batch x input channels x live taps x output positions x item
+    size). Accelerators always get XLA's convolution (cuDNN has no such cliff)."""
     if _current[0] != "auto":
         return _current[0]
     if jax.default_backend() != "cpu":
@@ -83,7 +87,7 @@ def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, con
     cropped = any(len(t) < k for t, k in zip(taps, kernel))
     spans = all(k >= s for k, s in zip(kernel, in_sizes))
     if cropped or spans or contraction <= SHORT_CONTRACTION or (
-            math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION):
+            math.prod(out_sizes) <= SMALL_OUTPUT and contraction >= LONG_CONTRACTION and patch_bytes <= PATCH_BYTES):
         return "im2col"
     return "xla"
 
@@ -99,7 +103,8 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
                  for s, (lo, _), ld, o, st, d, k in zip(x.shape[2:], pads, lhs_dilation, out, stride, rhs_dilation,
                                                         kernel))
     depthwise = w.shape[1] == 1 and groups > 1
-    how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise, w.shape[1] * math.prod(kernel))
+    patch_bytes = x.shape[0] * x.shape[1] * math.prod(len(t) for t in taps) * math.prod(out) * x.dtype.itemsize
+    how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise, w.shape[1] * math.prod(kernel), patch_bytes)
     if how == "taps" and not depthwise:
         how = "im2col"
     if how == "xla" or any(not t for t in taps):
