@@ -265,3 +265,14 @@ def test_channels_last_prototype_convolves_as_funcnet(hwio):
         for a, b in zip(jax.grad(lambda x, w: jnp.vdot(proto(x, w), gy), (0, 1))(x, w),
                         jax.grad(lambda x, w: jnp.vdot(ours(x, w), gy), (0, 1))(x, w)):
             np.testing.assert_allclose(a, b, rtol=0, atol=tol)
+
+
+def test_conv_tapsum_quick_run_checks_every_formulation(tmp_path):
+    """benchmarks/conv_tapsum.py --quick: every tap-sum formulation is timed and matches torch."""
+    out = tmp_path / "tapsum.json"
+    assert _script("conv_tapsum").main(["--quick", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ms"]) == {"funcnet", "mask by product", "channels-last flat", "plane matrix",
+                              "plane matrix, summed", "torch"}
+    assert all(t > 0 for t in row["ms"].values()) and row["ok"]
+    assert all(e <= row["tolerance"] for e in row["max_abs_err"].values())

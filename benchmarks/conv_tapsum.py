@@ -1,0 +1,180 @@
+"""Ways to write a small depthwise convolution's tap sum for XLA:CPU, each against torch.
+
+The depthwise rows of ``benchmarks/conv.py`` whose planes are tiny (8x576x4x4 5x5, 8x384x7x7
+7x7) stay at 1.3-3.6x torch's forward time. This script times the formulation funcnet uses
+(``depthwise_conv``) beside the others tried, on one thread, CPU time, interleaved rounds, and
+checks each against ``torch.nn.functional.conv2d`` (exit 1 beyond float32 rounding of the sum):
+
+- ``funcnet``: ``depthwise_conv`` as the rule picks it (a flattened plane up to 4 wide, row
+  bands past that; docs/design.md, "Convolution strategy");
+- ``mask by product``: the flattened plane with the wrapped columns zeroed by multiplying the
+  weight with a 0/1 row instead of a select;
+- ``channels-last flat``: the plane flattened channels-last behind a conditional (so the layout
+  transposes stay out of the loop), the vector along the channels;
+- ``plane matrix``: one (positions x positions) matrix per channel gathered from the weight, as
+  a batched ``einsum`` (``ncq,cqp->ncp``);
+- ``plane matrix, summed``: the same as a broadcast product summed over the input positions.
+
+Batch 1 against a larger batch separates the call's fixed cost from the loop's cost per example.
+
+    python benchmarks/conv_tapsum.py [--shapes 8x576x4x5 32x576x4x5 ...] [--rounds 7] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# batch x channels x spatial x kernel (stride 1, "same" padding)
+SHAPES = ["1x576x4x5", "8x576x4x5", "32x576x4x5", "8x384x7x7", "8x96x14x7"]
+QUICK_SHAPES = ["2x8x4x5"]
+
+
+def _variants(x_shape, kernel):
+    """The formulations, each ``f(x, w)`` of an NCHW input and a ``(C, 1, k, k)`` weight."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from funcnet.nn.functional.conv_depthwise import depthwise_conv, tree_sum
+
+    batch, channels, height, width = x_shape
+    pad = kernel // 2
+    pads = ((pad, pad), (pad, pad))
+    column = np.arange(height * width) % width
+    inside = {(i, j): ((column + j - pad >= 0) & (column + j - pad < width))
+              for i in range(kernel) for j in range(kernel)}
+    # plane matrix: input position q meets output position p through tap index[q, p] (k*k: none)
+    index = np.full((height * width, height * width), kernel * kernel, np.int32)
+    for p in range(height * width):
+        for i in range(kernel):
+            for j in range(kernel):
+                y, x = p // width + i - pad, p % width + j - pad
+                if 0 <= y < height and 0 <= x < width:
+                    index[y * width + x, p] = i * kernel + j
+
+    def ours(x, w):
+        return depthwise_conv(x, w, (1, 1), pads, (1, 1))
+
+    def mask_by_product(x, w):
+        flat = jnp.pad(x.reshape(batch, channels, -1), ((0, 0), (0, 0), (pad * width + pad,) * 2))
+        terms = [jax.lax.slice_in_dim(flat, i * width + j, i * width + j + height * width, axis=2)
+                 * (w[:, 0, i, j].reshape(-1, 1) * inside[i, j].astype(np.float32))
+                 for i in range(kernel) for j in range(kernel)]
+        return tree_sum(terms).reshape(x_shape)
+
+    def channels_last_flat(x, w):
+        flat = jnp.transpose(x, (0, 2, 3, 1)).reshape(batch, height * width, channels)
+        flat = jnp.pad(flat, ((0, 0), (pad * width + pad,) * 2, (0, 0)))
+        taps = jnp.transpose(w.reshape(channels, -1))
+
+        def body(flat, taps):
+            return tree_sum([jnp.where(inside[i, j][:, None], jax.lax.slice_in_dim(
+                flat, i * width + j, i * width + j + height * width, axis=1), 0.0) * taps[i * kernel + j]
+                for i in range(kernel) for j in range(kernel)])
+
+        first = w.reshape(-1)[0]
+        out = jax.lax.cond(first == first, body, body, flat, taps)
+        return jnp.transpose(out.reshape(batch, height, width, channels), (0, 3, 1, 2))
+
+    def plane(w):
+        return jnp.concatenate([w.reshape(channels, -1), jnp.zeros((channels, 1), w.dtype)], axis=1)[:, index]
+
+    def plane_matrix(x, w):
+        return jnp.einsum("ncq,cqp->ncp", x.reshape(batch, channels, -1), plane(w),
+                          precision=jax.lax.Precision.HIGHEST).reshape(x_shape)
+
+    def plane_matrix_summed(x, w):
+        return jnp.sum(x.reshape(batch, channels, -1, 1) * plane(w)[None], axis=2).reshape(x_shape)
+
+    return {"funcnet": ours, "mask by product": mask_by_product, "channels-last flat": channels_last_flat,
+            "plane matrix": plane_matrix, "plane matrix, summed": plane_matrix_summed}
+
+
+def _timer(fn, block):
+    """ms of CPU time per call, over enough calls to span about 20 ms."""
+    block(fn())
+    start = time.process_time()
+    block(fn())
+    one = time.process_time() - start
+    calls = max(5, min(500, int(0.02 / max(one, 1e-6))))
+
+    def run():
+        start = time.process_time()
+        for _ in range(calls):
+            out = fn()
+        block(out)
+        return (time.process_time() - start) / calls * 1e3
+    return run
+
+
+def run_shape(spec: str, rounds: int) -> dict:
+    import jax
+    import numpy as np
+    import torch
+
+    batch, channels, size, kernel = (int(v) for v in spec.split("x"))
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+    w_np = (rng.standard_normal((channels, 1, kernel, kernel)) / kernel).astype(np.float32)
+    tx, tw = torch.from_numpy(x_np), torch.from_numpy(w_np)
+    with torch.no_grad():
+        ref = torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).numpy()
+    # float32 sums of at most k*k products of unit-scale inputs and 1/k-scale weights
+    tol = 4 * kernel * kernel * 2.0 ** -24 * max(1.0, float(np.max(np.abs(ref))))
+    x, w = jax.numpy.asarray(x_np), jax.numpy.asarray(w_np)
+    timers, errors = {}, {}
+    for name, f in _variants(x_np.shape, kernel).items():
+        jitted = jax.jit(f)
+        errors[name] = float(np.max(np.abs(np.asarray(jitted(x, w)) - ref)))
+        timers[name] = _timer(lambda jitted=jitted: jitted(x, w), jax.block_until_ready)
+
+    def torch_fwd():
+        with torch.no_grad():
+            return torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels)
+
+    timers["torch"] = _timer(torch_fwd, lambda out: out)
+    names, times = list(timers), {name: [] for name in timers}
+    for r in range(rounds):  # each round starts one runner later
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timers[name]())
+    ms = {name: statistics.median(v) for name, v in times.items()}
+    return {"shape": spec, "ms": ms, "max_abs_err": errors, "tolerance": tol,
+            "ok": all(e <= tol for e in errors.values())}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=None, help="BATCHxCHANNELSxSIZExKERNEL (default: the sweep's)")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one tiny shape, one round")
+    parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
+    rows = [run_shape(s, 1 if args.quick else args.rounds) for s in shapes]
+    names = [n for n in rows[0]["ms"] if n != "torch"]
+    print("ms forward (CPU time, one thread), and over torch's:")
+    print(f"{'shape':<14}{'torch':>8}" + "".join(f"{n:>24}" for n in names))
+    for r in rows:
+        t = r["ms"]["torch"]
+        cells = "".join(f"{r['ms'][n]:>12.3f} ({r['ms'][n] / t:4.2f}x)" + " " * 3 for n in names)
+        print(f"{r['shape']:<14}{t:>8.3f}" + cells + ("" if r["ok"] else "  MISMATCH"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    # one thread for XLA as for torch; set before JAX starts (a caller's process keeps its own)
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    sys.exit(main())
