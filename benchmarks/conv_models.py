@@ -63,6 +63,26 @@ def torch_convnext(dims=(40, 80, 160, 320), depths=(2, 2, 2, 2), num_classes=10)
     return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(dims[-1], num_classes))
 
 
+def funcnet_convnext(dims=(40, 80, 160, 320), depths=(2, 2, 2, 2), num_classes=10):
+    """The same stack hand-written in funcnet.nn (state_dict keys match ``torch_convnext``)."""
+    from funcnet import nn
+
+    def block(dim):
+        def forward(self, x):
+            return x + self.pwconv2(self.act(self.pwconv1(self.norm(self.dwconv(x)))))
+
+        return nn.Composite(forward, name=f"ConvNeXtBlock({dim})",
+                            dwconv=nn.Conv2d(dim, dim, 7, padding=3, groups=dim), norm=nn.GroupNorm(1, dim),
+                            pwconv1=nn.Conv2d(dim, 4 * dim, 1), act=nn.GELU(), pwconv2=nn.Conv2d(4 * dim, dim, 1))
+
+    layers = [nn.Conv2d(3, dims[0], 4, 4), nn.GroupNorm(1, dims[0])]
+    for i, (dim, depth) in enumerate(zip(dims, depths)):
+        if i:
+            layers += [nn.GroupNorm(1, dims[i - 1]), nn.Conv2d(dims[i - 1], dim, 2, 2)]
+        layers += [block(dim) for _ in range(depth)]
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(dims[-1], num_classes))
+
+
 def _make_divisible(v, divisor=8):
     """torchvision's channel rounding: to a multiple of 8, never more than 10% below ``v``."""
     rounded = max(divisor, int(v + divisor / 2) // divisor * divisor)
@@ -151,7 +171,7 @@ def torch_mobilenetv3(num_classes=10, width=1.0):
 
 MODELS = {
     "resnet18": (torch_resnet18, funcnet_resnet18),
-    "convnext": (torch_convnext, None),
+    "convnext": (torch_convnext, funcnet_convnext),
     "mobilenetv3": (torch_mobilenetv3, None),
 }
 QUICK = {"resnet18": {"widths": (4, 8, 8, 8)}, "convnext": {"dims": (4, 8, 8, 8), "depths": (1, 1, 1, 1)},
