@@ -55,7 +55,7 @@ TABLE = [
     ("2d-kernel-over-2x2-stride3", "Conv2d", (4, 6, (5, 3)), dict(stride=3, padding=2, groups=2), (2, 4, 2, 2)),
     ("2d-depthwise-x2-stride2", "Conv2d", (3, 6, 3), dict(stride=2, padding=1, groups=3), (2, 3, 5, 6)),
     # depthwise with one output per channel: its own input gradient (a tap sum over the dilated
-    # output gradient), and at stride 1 over a narrow input the banded weight gradient
+    # output gradient) and weight gradient (DEPTHWISE_FORMS below runs each of its forms)
     ("2d-depthwise-stride2-dilation2", "Conv2d", (3, 3, 3), dict(stride=2, padding=2, dilation=2, groups=3),
      (2, 3, 7, 6)),
     ("2d-depthwise-k5-over-4x3", "Conv2d", (3, 3, 5), dict(padding=(2, 1), groups=3, bias=False), (2, 3, 4, 3)),

@@ -298,13 +298,17 @@ def _input_grad(g, w, x_shape, stride, pads, rhs_dilation):
     return apart(body, g, flipped)
 
 # the banded weight gradient multiplies (padded width / kernel width) times the products it
-# needs: it pays while the padded width is at most this many kernel widths (docs/design.md)
-BAND_WIDTH = 4
+# needs, and every tap's, live or not: it pays while the padded width is at most this many
+# kernel widths and every tap meets data (docs/design.md)
+BAND_WIDTH = 2
 
 
 def _banded(x_shape, w_shape, stride, pads, rhs_dilation) -> bool:
-    return (len(x_shape) == 4 and stride == (1, 1) and rhs_dilation == (1, 1)
-            and x_shape[3] + sum(pads[1]) <= BAND_WIDTH * w_shape[3])
+    if not (len(x_shape) == 4 and stride == (1, 1) and rhs_dilation == (1, 1)
+            and x_shape[3] + sum(pads[1]) <= BAND_WIDTH * w_shape[3]):
+        return False
+    _, taps = _depthwise_plan(x_shape, w_shape[2:], stride, pads, rhs_dilation)
+    return all(len(t) == k for t, k in zip(taps, w_shape[2:]))
 
 
 def _weight_grad_banded(x, g, kernel, pads):
