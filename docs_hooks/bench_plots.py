@@ -134,20 +134,25 @@ def _conv_models(ax, result):
     xs = range(len(rows))
     bars = [("torch", "forward_ms", "eager, forward"), ("torch", "train_ms", "eager, train step"),
             ("torch.compile", "forward_ms", "compile, forward"), ("torch.compile", "train_ms", "compile, train step")]
+    bars = [b for b in bars if any(b[0] in r[b[1]] for r in rows)]  # torch.compile only where it was timed
+    width = 0.8 / len(bars)
     for i, (torch_kind, key, label) in enumerate(bars):
-        ax.bar([x + (i - 1.5) * 0.2 for x in xs],
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in xs],
                [r[key][torch_kind] / r[key]["funcnet"] if torch_kind in r[key] else 0.0 for r in rows],
-               width=0.2, label=f"torch {label}")
+               width=width, label=f"torch {label}")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    many = len(rows) > 8
     ax.set_xticks(list(xs), [f"{r['model']} {r['variant']}\n{r['size']} px, batch {r['batch']}" for r in rows],
-                  fontsize=8)
+                  fontsize=7 if many else 8, rotation=90 if many else 0)
     ax.set(ylabel="torch's time over funcnet's (> 1: funcnet faster)",
            title="Whole convolutional models, one core each")
     ax.legend(fontsize=8)
 
 
+FIGSIZE = {"conv_sweep": (8, 7.5), "conv_models_grid": (14, 6.5)}
 AXES = {"data_parallel": _data_parallel, "throughput": _throughput, "precision": _precision, "stream_train": _stream_train, "start_up": _start_up, "run_epoch": _run_epoch, "data_loading": _data_loading,
-        "loaded_runs": _loaded_runs, "conv_sweep": _conv_sweep, "conv_models": _conv_models}
+        "loaded_runs": _loaded_runs, "conv_sweep": _conv_sweep, "conv_models": _conv_models,
+        "conv_models_grid": _conv_models}
 
 
 def svg(name: str, saved: dict) -> bytes | None:
@@ -165,7 +170,7 @@ def svg(name: str, saved: dict) -> bytes | None:
             fig = plt.figure(figsize=(12, 4.5))
             _models(fig, result)
         else:
-            fig, ax = plt.subplots(figsize=(8, 7.5) if name == "conv_sweep" else (8, 4.5))
+            fig, ax = plt.subplots(figsize=FIGSIZE.get(name, (8, 4.5)))
             AXES[name](ax, result)
         fig.tight_layout()
         buf = io.BytesIO()

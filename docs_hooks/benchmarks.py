@@ -25,7 +25,7 @@ __all__ = ["BENCHES", "FIGURES", "PLACEHOLDER", "load", "provenance", "render", 
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
-           "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models")
+           "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -35,7 +35,8 @@ THROUGHPUT_COLUMNS = {"torch eager": "torch eager", "torch.compile": "torch.comp
 PEERS = ("raw JAX", "flax nnx", "equinox")
 # runs saved under another name than their script's (save_bench --name): the arguments that save them
 SAVED_AS = {"conv_sweep": "conv --name conv_sweep --part sweep ...",
-            "conv_models": "conv --name conv_models --part models ..."}
+            "conv_models": "conv --name conv_models --part models ...",
+            "conv_models_grid": "conv --name conv_models_grid --part models ..."}
 
 
 def load(name: str, data: Path = DATA) -> dict:
@@ -239,7 +240,7 @@ def _conv_models(result: dict) -> str:
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
           "precision": _precision, "stream_train": _stream_train, "data_parallel": _data_parallel,
           "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
-          "conv_sweep": _conv_sweep, "conv_models": _conv_models}
+          "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models}
 
 
 def _row(result, **match):

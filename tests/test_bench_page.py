@@ -104,7 +104,7 @@ def test_every_number_in_a_table_is_its_runs(name):
     if name == "conv_sweep":  # the funcnet / torch ratio per row, forward and train step
         values += [r[k]["funcnet"] / r[k]["torch"] for r in saved["result"]["sweep"]
                    for k in ("forward_ms", "train_ms")]
-    if name == "conv_models":  # torch's time over funcnet's, eager and compiled, forward and train step
+    if name.startswith("conv_models"):  # torch's time over funcnet's, eager and compiled, forward and train step
         values += [r[k][t] / r[k]["funcnet"] for r in saved["result"]["models"] for k in ("forward_ms", "train_ms")
                    for t in ("torch", "torch.compile") if t in r[k]]
     assert NUMBER.findall(text), f"{name}: the table shows no number"
@@ -168,13 +168,20 @@ def test_the_convolution_runs_are_complete_and_checked_against_torch():
     stated = sweep["result"]["worst_sweep_ratio"]
     assert abs(stated - worst) <= 1e-9 * worst, (stated, worst)  # the same float divisions: equal but for rounding
     assert "--quick" not in sweep["run"]["command"] and "--part sweep" in sweep["run"]["command"]
-    models = benchmarks.load("conv_models")
-    cells = models["result"]["models"]
-    assert cells and all(r["ok"] for r in cells), [(r["model"], r["variant"]) for r in cells if not r["ok"]]
-    command = models["run"]["command"]
-    assert "--quick" not in command and "--part models" in command
-    compiled = "--compile" in command
-    assert all(("torch.compile" in r["forward_ms"]) == compiled for r in cells), command
+    for name in ("conv_models", "conv_models_grid"):
+        models = benchmarks.load(name)
+        cells = models["result"]["models"]
+        assert cells and all(r["ok"] for r in cells), [(r["model"], r["variant"]) for r in cells if not r["ok"]]
+        command = models["run"]["command"]
+        assert "--quick" not in command and "--part models" in command
+        compiled = "--compile" in command
+        assert all(("torch.compile" in r["forward_ms"]) == compiled for r in cells), command
+    # the grid: every model and variant at 32, 64 and 224 px, batch 8 and 64 (the script's defaults)
+    grid = {(r["model"], r["variant"], r["size"], r["batch"]) for r in benchmarks.load("conv_models_grid")["result"]["models"]}
+    variants = {(m, v) for m, v, _, _ in grid}
+    assert variants >= {("resnet18", "converted"), ("resnet18", "hand-written"), ("convnext", "converted"),
+                        ("convnext", "hand-written"), ("mobilenetv3", "converted")}, variants
+    assert grid == {(m, v, s, b) for m, v in variants for s in (32, 64, 224) for b in (8, 64)}
 
 
 def test_the_page_renders_and_a_bad_placeholder_is_named(tmp_path):
