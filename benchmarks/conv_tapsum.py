@@ -17,7 +17,14 @@ checks each against ``torch.nn.functional.conv2d`` (exit 1 beyond float32 roundi
 
 Batch 1 against a larger batch separates the call's fixed cost from the loop's cost per example.
 
+``--weight-grad`` times the depthwise weight gradient's two forms instead (stride 1, "same"
+padding), each against torch's: ``banded`` (one batched matrix multiply per kernel row over all
+padded columns) and ``batch-summed taps`` (each tap's products summed over the batch first);
+the rule (``conv_depthwise.BAND_WIDTH``) takes the banded form up to 2 kernel widths of padded
+input with every tap live. The input is a ReLU's output (about half zeros), as in a model.
+
     python benchmarks/conv_tapsum.py [--shapes 8x576x4x5 32x576x4x5 ...] [--rounds 7] [--json out.json]
+    python benchmarks/conv_tapsum.py --weight-grad [--shapes 8x240x14x5 ...]
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # batch x channels x spatial x kernel (stride 1, "same" padding)
 SHAPES = ["1x576x4x5", "8x576x4x5", "32x576x4x5", "8x384x7x7", "8x96x14x7"]
+WGRAD_SHAPES = ["8x240x14x5", "8x120x14x5", "64x96x14x7", "8x40x16x7", "8x576x7x5", "64x240x2x5", "8x384x7x7",
+                "8x80x8x7", "8x16x4x5"]
 QUICK_SHAPES = ["2x8x4x5"]
 
 
@@ -98,6 +107,62 @@ def _variants(x_shape, kernel):
             "plane matrix": plane_matrix, "plane matrix, summed": plane_matrix_summed}
 
 
+def _weight_grad_variants(x_shape, kernel):
+    """The weight gradient's forms, each ``f(x, g)`` of the layer's input and output gradient."""
+    import jax.numpy as jnp
+
+    from funcnet.nn.functional import conv_depthwise as dw
+
+    pad = kernel // 2
+    pads = ((pad, pad), (pad, pad))
+    w = jnp.zeros((x_shape[1], 1, kernel, kernel), jnp.float32)
+    return {"funcnet": lambda x, g: dw._weight_grad(x, g, w, (1, 1), pads, (1, 1)),
+            "banded": lambda x, g: dw._weight_grad_banded(x, g, (kernel, kernel), pads),
+            "batch-summed taps": lambda x, g: dw._weight_grad_taps(x, g, w, (1, 1), pads, (1, 1))}
+
+
+def run_weight_grad_shape(spec: str, rounds: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    batch, channels, size, kernel = (int(v) for v in spec.split("x"))
+    rng = np.random.default_rng(0)
+    x_np = np.maximum(rng.standard_normal((batch, channels, size, size)), 0).astype(np.float32)
+    g_np = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+    tw = torch.zeros((channels, 1, kernel, kernel), requires_grad=True)
+    tx, tg = torch.from_numpy(x_np), torch.from_numpy(g_np)
+    torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).backward(tg)
+    ref = tw.grad.numpy()
+    # float32 sums of batch * size**2 products of unit-scale terms
+    tol = 4 * batch * size * size * 2.0 ** -24 * 4
+    x, g = jnp.asarray(x_np), jnp.asarray(g_np)
+    timers, errors = {}, {}
+    for name, f in _weight_grad_variants(x_np.shape, kernel).items():
+        jitted = jax.jit(f)
+        errors[name] = float(np.max(np.abs(np.asarray(jitted(x, g)) - ref)))
+        timers[name] = _timer(lambda jitted=jitted: jitted(x, g), jax.block_until_ready)
+
+    def torch_step():
+        tw.grad = None
+        torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).backward(tg)
+        return tw.grad
+
+    timers["torch"] = _timer(torch_step, lambda out: out)
+    return _interleave(spec, timers, rounds, errors, tol)
+
+
+def _interleave(spec, timers, rounds, errors, tol):
+    names, times = list(timers), {name: [] for name in timers}
+    for r in range(rounds):  # each round starts one runner later
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timers[name]())
+    ms = {name: statistics.median(v) for name, v in times.items()}
+    return {"shape": spec, "ms": ms, "max_abs_err": errors, "tolerance": tol,
+            "ok": all(e <= tol for e in errors.values())}
+
+
 def _timer(fn, block):
     """ms of CPU time per call, over enough calls to span about 20 ms."""
     block(fn())
@@ -141,13 +206,7 @@ def run_shape(spec: str, rounds: int) -> dict:
             return torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels)
 
     timers["torch"] = _timer(torch_fwd, lambda out: out)
-    names, times = list(timers), {name: [] for name in timers}
-    for r in range(rounds):  # each round starts one runner later
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timers[name]())
-    ms = {name: statistics.median(v) for name, v in times.items()}
-    return {"shape": spec, "ms": ms, "max_abs_err": errors, "tolerance": tol,
-            "ok": all(e <= tol for e in errors.values())}
+    return _interleave(spec, timers, rounds, errors, tol)
 
 
 def main(argv=None) -> int:
@@ -156,14 +215,17 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="a smoke run: one tiny shape, one round")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
+    parser.add_argument("--weight-grad", action="store_true", help="the depthwise weight gradient's forms instead")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
-    shapes = args.shapes or (QUICK_SHAPES if args.quick else SHAPES)
-    rows = [run_shape(s, 1 if args.quick else args.rounds) for s in shapes]
+    run = run_weight_grad_shape if args.weight_grad else run_shape
+    shapes = args.shapes or (QUICK_SHAPES if args.quick else WGRAD_SHAPES if args.weight_grad else SHAPES)
+    rows = [run(s, 1 if args.quick else args.rounds) for s in shapes]
     names = [n for n in rows[0]["ms"] if n != "torch"]
-    print("ms forward (CPU time, one thread), and over torch's:")
+    print(("ms weight gradient (torch: forward and backward)" if args.weight_grad else "ms forward")
+          + " (CPU time, one thread), and over torch's:")
     print(f"{'shape':<14}{'torch':>8}" + "".join(f"{n:>24}" for n in names))
     for r in rows:
         t = r["ms"]["torch"]

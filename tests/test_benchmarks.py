@@ -268,7 +268,8 @@ def test_channels_last_prototype_convolves_as_funcnet(hwio):
 
 
 def test_conv_tapsum_quick_run_checks_every_formulation(tmp_path):
-    """benchmarks/conv_tapsum.py --quick: every tap-sum formulation is timed and matches torch."""
+    """benchmarks/conv_tapsum.py --quick: every tap-sum formulation, and with --weight-grad both
+    forms of the weight gradient, are timed and match torch."""
     out = tmp_path / "tapsum.json"
     assert _script("conv_tapsum").main(["--quick", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
@@ -276,3 +277,6 @@ def test_conv_tapsum_quick_run_checks_every_formulation(tmp_path):
                               "plane matrix, summed", "torch"}
     assert all(t > 0 for t in row["ms"].values()) and row["ok"]
     assert all(e <= row["tolerance"] for e in row["max_abs_err"].values())
+    assert _script("conv_tapsum").main(["--quick", "--weight-grad", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ms"]) == {"funcnet", "banded", "batch-summed taps", "torch"} and row["ok"]
