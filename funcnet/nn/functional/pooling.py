@@ -77,9 +77,9 @@ def _windows(x, n, kernel, stride, padding, dilation, ceil_mode, name, init, op)
     return y[(...,) + tuple(slice(0, o) for o in out)], out
 
 
-def _tap_ranks(sizes, kernel, stride, padding, dilation, out) -> np.ndarray:
-    """``(*out, K)``: each window's taps numbered row-major, ``k`` for a tap inside the input and
-    ``K + k`` for one in the padding."""
+def _first_inside(sizes, kernel, stride, padding, dilation, out) -> np.ndarray:
+    """``(*out, K)``: True at each window's first tap (row-major) inside the input, where torch's
+    search starts."""
     inside = np.ones((), bool)
     for L, k, s, p, d, o in zip(sizes, kernel, stride, padding, dilation, out):
         pos = (np.arange(o) * s - p)[:, None] + np.arange(k)[None, :] * d  # (o, k)
@@ -88,8 +88,7 @@ def _tap_ranks(sizes, kernel, stride, padding, dilation, out) -> np.ndarray:
     # axes (o1, k1, o2, k2, ...) -> (o1, o2, ..., k1, k2, ...)
     inside = inside.transpose(tuple(range(0, 2 * len(out), 2)) + tuple(range(1, 2 * len(out), 2)))
     inside = inside.reshape(tuple(out) + (-1,))
-    K = inside.shape[-1]
-    return np.where(inside, np.arange(K), K + np.arange(K))
+    return inside & (np.cumsum(inside, axis=-1) == 1)
 
 
 def _taps(x, n, kernel, stride, dilation, out):
@@ -111,56 +110,53 @@ def _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name):
     return out, pads, blocked
 
 
+def _search(x, n, kernel, stride, dilation, out, pads, first=None):
+    """torch's max-pool loop run over every window at once, one tap at a time (elementwise:
+    faster than reduce_window, and than a variadic reduce, which XLA:CPU runs as a scalar loop):
+    the running maximum is replaced by a greater value or a NaN. With ``first`` (a static
+    ``(*out, K)`` mask of each window's first tap inside the input, where torch's loop starts)
+    it also keeps the row-major index of the winning tap, as float32 beside a float32 value (one
+    element type in the loop vectorizes); ``(maxima, index or None)``."""
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    best = index = None
+    for k, tap in enumerate(_taps(jnp.pad(x, pads, constant_values=_lowest(x.dtype)), n, kernel, stride, dilation,
+                                  out)):
+        if best is None:
+            best, index = tap, None if first is None else jnp.zeros(tap.shape, jnp.float32)
+            continue
+        take = (tap > best) | (tap != tap) if floating else tap > best
+        if first is not None and first[..., k].any():
+            # the first tap inside the input always replaces a padding tap's lowest value (it is
+            # greater, equal or NaN); for the maxima alone that changes nothing
+            take = take | first[..., k]
+        best = jnp.where(take, tap, best)
+        if index is not None:
+            index = jnp.where(take, np.float32(k), index)
+    return best, index
+
+
 @functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4, 5, 6, 7))
 def _max_windows(x, n, kernel, stride, padding, dilation, ceil_mode, name):
-    """Each window's maximum, as torch's max-pool loop (a NaN wins its window), one tap at a
-    time over every window at once: elementwise, faster than reduce_window on XLA:CPU. The
-    gradient (the jvp below) needs the winners, which the variadic reduce finds."""
+    """Each window's maximum, as torch's max-pool loop (a NaN wins its window), by ``_search``.
+    The gradient (the jvp below) needs the winners, which ``_max_and_argmax`` finds."""
     out, pads, _ = _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name)
-    lowest = _lowest(x.dtype)
-    best = None
-    for tap in _taps(jnp.pad(x, pads, constant_values=lowest), n, kernel, stride, dilation, out):
-        if best is None:
-            best = tap
-        elif jnp.issubdtype(x.dtype, jnp.floating):
-            best = jnp.where((tap > best) | jnp.isnan(tap), tap, best)
-        else:
-            best = jnp.maximum(tap, best)
-    return best
+    return _search(x, n, kernel, stride, dilation, out, pads)[0]
 
 
 def _max_and_argmax(x, n, kernel, stride, padding, dilation, ceil_mode, name):
     """Each window's maximum and the row-major index in the window of the tap that holds it,
     as torch's max-pool loop finds them: the first maximum, or the last NaN if there is one
     (the loop replaces its running max by a greater value or a NaN, and starts at the window's
-    first element inside the input). The same search as ``_max_windows``, one tap at a time
-    over every window at once, keeping the winner's index beside the value: elementwise, where
-    a variadic reduce over the stacked taps runs as a scalar loop on XLA:CPU (64x64x32x32 3x3/2:
-    13 against 70 ms). Computed ``apart``, so the gradient reads the index from memory instead
-    of running the search (and what produced x) again inside its own loop for every tap."""
+    first element inside the input). ``_search`` keeping the index (64x64x32x32 3x3/2: 13 ms,
+    where a variadic reduce over the stacked taps took 70), computed ``apart``, so the gradient
+    reads the index from memory instead of running the search (and what produced x) again
+    inside its own loop for every tap."""
     out, pads, _ = _pool_geometry(x, n, kernel, stride, padding, dilation, ceil_mode, name)
-    floating = jnp.issubdtype(x.dtype, jnp.floating)
-    lowest = _lowest(x.dtype)
-    rank = _tap_ranks(x.shape[-n:], kernel, stride, padding, dilation, out)
-    K = rank.shape[-1]
-    # a window's first tap inside the input always replaces a padding tap's -inf (it is greater,
-    # equal or NaN): where the search starts in torch's loop. Static, as the padding is.
-    inside = rank < K
-    first = inside & (np.cumsum(inside, axis=-1) == 1)
-    index_dtype = jnp.int8 if 2 * K <= 127 else jnp.int32
+    first = _first_inside(x.shape[-n:], kernel, stride, padding, dilation, out)  # static, as the padding is
+    index_dtype = jnp.int8 if first.shape[-1] <= 127 else jnp.int32  # indices 0..K-1
 
     def search(x):
-        best = index = None
-        for k, tap in enumerate(_taps(jnp.pad(x, pads, constant_values=lowest), n, kernel, stride, dilation, out)):
-            if best is None:
-                # the index as float32 beside a float32 value: one element type in the loop vectorizes
-                best, index = tap, jnp.zeros(tap.shape, jnp.float32)
-                continue
-            take = (tap > best) | (tap != tap) if floating else tap > best
-            if first[..., k].any():
-                take = take | first[..., k]
-            best = jnp.where(take, tap, best)
-            index = jnp.where(take, np.float32(k), index)
+        best, index = _search(x, n, kernel, stride, dilation, out, pads, first)
         return best, index.astype(index_dtype)
 
     return apart(search, x)
