@@ -65,7 +65,7 @@ def strategy(name: str):
 
 
 def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, contraction: int,
-           patch_bytes: int = 0) -> str:
+           patch_bytes: int) -> str:
     """The strategy for one convolution from its static shapes (docs/design.md has the table):
     im2col where XLA:CPU's convolution is slow (a kernel that spans the whole input, taps that
     only meet padding, a contraction of at most 32 products, or few output positions per image
