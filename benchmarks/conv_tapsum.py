@@ -32,12 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import conv  # noqa: E402  (its interleaved rounds and clock)
 
 # batch x channels x spatial x kernel (stride 1, "same" padding)
 SHAPES = ["1x576x4x5", "8x576x4x5", "32x576x4x5", "8x384x7x7", "8x96x14x7"]
@@ -121,8 +123,24 @@ def _weight_grad_variants(x_shape, kernel):
             "batch-summed taps": lambda x, g: dw._weight_grad_taps(x, g, w, (1, 1), pads, (1, 1))}
 
 
-def run_weight_grad_shape(spec: str, rounds: int) -> dict:
+def _measure(spec, variants, operands, ref, torch_call, tol, rounds):
+    """Each variant jitted and checked against ``ref``, then timed with ``torch_call`` in
+    ``conv.interleaved``'s rounds: the row of one shape."""
     import jax
+    import numpy as np
+
+    runners, errors = {}, {}
+    for name, f in variants.items():
+        jitted = jax.jit(f)
+        errors[name] = float(np.max(np.abs(np.asarray(jitted(*operands)) - ref)))
+        runners[name] = lambda jitted=jitted: jitted(*operands)
+    runners["torch"] = torch_call
+    ms = conv.interleaved(runners, rounds, reps=5)
+    return {"shape": spec, "ms": ms, "max_abs_err": errors, "tolerance": tol,
+            "ok": all(e <= tol for e in errors.values())}
+
+
+def run_weight_grad_shape(spec: str, rounds: int) -> dict:
     import jax.numpy as jnp
     import numpy as np
     import torch
@@ -133,55 +151,21 @@ def run_weight_grad_shape(spec: str, rounds: int) -> dict:
     g_np = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
     tw = torch.zeros((channels, 1, kernel, kernel), requires_grad=True)
     tx, tg = torch.from_numpy(x_np), torch.from_numpy(g_np)
-    torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).backward(tg)
-    ref = tw.grad.numpy()
-    # float32 sums of batch * size**2 products of unit-scale terms
-    tol = 4 * batch * size * size * 2.0 ** -24 * 4
-    x, g = jnp.asarray(x_np), jnp.asarray(g_np)
-    timers, errors = {}, {}
-    for name, f in _weight_grad_variants(x_np.shape, kernel).items():
-        jitted = jax.jit(f)
-        errors[name] = float(np.max(np.abs(np.asarray(jitted(x, g)) - ref)))
-        timers[name] = _timer(lambda jitted=jitted: jitted(x, g), jax.block_until_ready)
 
     def torch_step():
         tw.grad = None
         torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).backward(tg)
         return tw.grad
 
-    timers["torch"] = _timer(torch_step, lambda out: out)
-    return _interleave(spec, timers, rounds, errors, tol)
-
-
-def _interleave(spec, timers, rounds, errors, tol):
-    names, times = list(timers), {name: [] for name in timers}
-    for r in range(rounds):  # each round starts one runner later
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timers[name]())
-    ms = {name: statistics.median(v) for name, v in times.items()}
-    return {"shape": spec, "ms": ms, "max_abs_err": errors, "tolerance": tol,
-            "ok": all(e <= tol for e in errors.values())}
-
-
-def _timer(fn, block):
-    """ms of CPU time per call, over enough calls to span about 20 ms."""
-    block(fn())
-    start = time.process_time()
-    block(fn())
-    one = time.process_time() - start
-    calls = max(5, min(500, int(0.02 / max(one, 1e-6))))
-
-    def run():
-        start = time.process_time()
-        for _ in range(calls):
-            out = fn()
-        block(out)
-        return (time.process_time() - start) / calls * 1e3
-    return run
+    ref = torch_step().numpy()
+    # float32 sums of batch * size**2 products of unit-scale terms
+    tol = 4 * batch * size * size * 2.0 ** -24 * 4
+    return _measure(spec, _weight_grad_variants(x_np.shape, kernel), (jnp.asarray(x_np), jnp.asarray(g_np)), ref,
+                    torch_step, tol, rounds)
 
 
 def run_shape(spec: str, rounds: int) -> dict:
-    import jax
+    import jax.numpy as jnp
     import numpy as np
     import torch
 
@@ -190,23 +174,16 @@ def run_shape(spec: str, rounds: int) -> dict:
     x_np = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
     w_np = (rng.standard_normal((channels, 1, kernel, kernel)) / kernel).astype(np.float32)
     tx, tw = torch.from_numpy(x_np), torch.from_numpy(w_np)
-    with torch.no_grad():
-        ref = torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).numpy()
-    # float32 sums of at most k*k products of unit-scale inputs and 1/k-scale weights
-    tol = 4 * kernel * kernel * 2.0 ** -24 * max(1.0, float(np.max(np.abs(ref))))
-    x, w = jax.numpy.asarray(x_np), jax.numpy.asarray(w_np)
-    timers, errors = {}, {}
-    for name, f in _variants(x_np.shape, kernel).items():
-        jitted = jax.jit(f)
-        errors[name] = float(np.max(np.abs(np.asarray(jitted(x, w)) - ref)))
-        timers[name] = _timer(lambda jitted=jitted: jitted(x, w), jax.block_until_ready)
 
     def torch_fwd():
         with torch.no_grad():
             return torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels)
 
-    timers["torch"] = _timer(torch_fwd, lambda out: out)
-    return _interleave(spec, timers, rounds, errors, tol)
+    ref = torch_fwd().numpy()
+    # float32 sums of at most k*k products of unit-scale inputs and 1/k-scale weights
+    tol = 4 * kernel * kernel * 2.0 ** -24 * max(1.0, float(np.max(np.abs(ref))))
+    return _measure(spec, _variants(x_np.shape, kernel), (jnp.asarray(x_np), jnp.asarray(w_np)), ref, torch_fwd,
+                    tol, rounds)
 
 
 def main(argv=None) -> int:
@@ -220,6 +197,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
+    conv.CLOCK[0] = time.process_time  # CPU time, as conv.py's --cpu-time
     run = run_weight_grad_shape if args.weight_grad else run_shape
     shapes = args.shapes or (QUICK_SHAPES if args.quick else WGRAD_SHAPES if args.weight_grad else SHAPES)
     rows = [run(s, 1 if args.quick else args.rounds) for s in shapes]
