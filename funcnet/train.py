@@ -203,7 +203,9 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
       epochs) reaches it, even inside an epoch (Lightning's ``max_steps``). The stopped epoch
       still gets its record (the mean of the steps it ran, the test metrics); its callbacks'
       ``on_steps`` run there instead of ``on_epoch``, with the ``Position`` a run resumed with a
-      larger ``max_steps`` continues from exactly.
+      larger ``max_steps`` continues from exactly. Resumed there with the same ``max_steps``, no
+      step runs and the history is the stopped epoch's record again; a ``max_steps`` below the
+      resumed ``state.step`` is refused (``ValueError``).
     - ``check_finite``: inputs with NaN/Inf are refused before anything compiles, and a
       non-finite epoch loss or parameter raises ``guards.NonFiniteLossError`` naming the
       epoch, before any callback sees the record (a checkpoint keeps the last good state).
@@ -245,10 +247,15 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     on_epoch, every_steps, on_steps = _callbacks.combine(callbacks)
     with source as run, bar:
         steps_done = int(np.asarray(run.get(state.step))) if max_steps is not None else 0
+        if max_steps is not None and steps_done > max_steps:
+            raise ValueError(f"fit: max_steps={max_steps} is below the resumed state's step {steps_done} (a run "
+                             f"cannot go back); pass max_steps >= {steps_done}, or None")
         for epoch in range(start.epoch, epochs):
-            if max_steps is not None and steps_done >= max_steps:  # reached already: nothing runs
-                break
             in_epoch = 0 if start.metrics is None else len(next(iter(start.metrics.values())))
+            if max_steps is not None and steps_done >= max_steps and not in_epoch:  # reached already: nothing runs
+                break
+            # (resumed where max_steps stopped inside an epoch: no step runs, and the record of the stopped
+            # epoch comes back from the position's metrics, as the run that stopped returned it)
             until = None
             if max_steps is not None and in_epoch + max_steps - steps_done < per_epoch:
                 until = in_epoch + max_steps - steps_done

@@ -7,14 +7,16 @@ grouped run must equal the run built from those pieces, bit for bit on one devic
 float summation order on several; a resumed run must equal the uninterrupted one bitwise.
 """
 
+import json
 import warnings
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from funcnet import callbacks, nn, precision, train
+from funcnet import callbacks, checkpoint, guards, nn, precision, train
 from funcnet.parallel import strategy
 
 MODEL = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
@@ -30,7 +32,8 @@ def xy():
 
 def _fit(xy, **kw):
     kw.setdefault("progress", False)
-    return train.fit(MODEL, optax.adam(1e-2), xy, epochs=2, batch_size=16, key=jax.random.key(0), **kw)
+    kw.setdefault("epochs", 2)
+    return train.fit(MODEL, optax.adam(1e-2), xy, batch_size=16, key=jax.random.key(0), **kw)
 
 
 def _same(a, b, exact=True):
@@ -143,3 +146,86 @@ def test_model_checkpoint_resumes_bitwise(xy, tmp_path):
     _same((full.params, full.opt_state, full.step, jax.random.key_data(full.key)),
           (resumed.params, resumed.opt_state, resumed.step, jax.random.key_data(resumed.key)))
     assert hist == full_hist[1:]
+
+
+def _diverging(from_step):
+    """Adam whose updates turn NaN in optimizer step ``from_step``: the params are NaN after that
+    step, the loss from the next one on (a run that diverges at a known step)."""
+
+    def update(updates, count, params=None):
+        count = count + 1
+        scale = jnp.where(count >= from_step, jnp.nan, 1.0)
+        return jax.tree.map(lambda u: u * scale, updates), count
+
+    return optax.chain(optax.adam(1e-2), optax.GradientTransformation(lambda p: jnp.zeros((), jnp.int32), update))
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+def test_model_checkpoint_never_saves_a_diverged_state_and_keeps_the_last_finite_one(xy, tmp_path, check_finite):
+    tx = _diverging(7)  # 6 steps an epoch: the params turn NaN in step 7 (epoch 2), the loss in step 8
+    with pytest.raises(guards.NonFiniteLossError, match=r"^the parameters are not finite at step 7 \(epoch 2\): "
+                                                         r"\S+ holds NaN/Inf, so it is not saved; lower the learning"):
+        train.fit(MODEL, tx, xy, epochs=2, batch_size=16, key=jax.random.key(0), progress=False,
+                  check_finite=check_finite, callbacks=[callbacks.ModelCheckpoint(tmp_path, every_steps=1, keep=3)])
+    # before the check every step saved its NaN state, and keep=3 deleted the last finite one (6)
+    assert checkpoint.all_steps(tmp_path) == [4, 5, 6]
+    state, start = callbacks.resume(tmp_path, train.create_train_state(MODEL, tx, jax.random.key(0)))
+    assert int(state.step) == 6 and start == train.Position(1)
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state.params))
+
+
+def test_model_checkpoint_refuses_a_nan_loss_inside_an_epoch_naming_the_step(xy, tmp_path):
+    nan_loss = lambda out, y: jnp.where(jnp.abs(out).sum() > -1, jnp.nan, 0.0)  # noqa: E731  finite params, NaN loss
+    with pytest.raises(guards.NonFiniteLossError, match=r"^the loss is not finite at step 1 \(epoch 1\): loss = nan"):
+        train.fit(MODEL, optax.sgd(0.0), xy, epochs=1, batch_size=16, key=jax.random.key(0), progress=False,
+                  loss_fn=nan_loss, callbacks=[callbacks.ModelCheckpoint(tmp_path, every_steps=2)])
+    assert checkpoint.all_steps(tmp_path) == []
+
+
+def test_resume_refuses_non_finite_params_in_one_line(xy, tmp_path):
+    # checkpoints saved without the check (checkpoint.save itself, or an older funcnet): step 6 diverged
+    state, _ = _fit(xy, epochs=1)
+    position = {"position": callbacks.encode_position(train.Position(1))}
+    checkpoint.save(tmp_path, state._replace(step=jnp.asarray(4, state.step.dtype)), step=4, metadata=position)
+    bad = state._replace(params=jax.tree.map(lambda p: p.at[0].set(jnp.nan), state.params))
+    checkpoint.save(tmp_path, bad, step=6, metadata=position)
+    template = train.create_train_state(MODEL, optax.adam(1e-2), jax.random.key(0))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        callbacks.resume(tmp_path, template)
+    message = str(e.value)
+    assert "\n" not in message and message == (
+        f"{checkpoint.checkpoint_path(tmp_path, 6)}: its params are not finite (0/bias holds NaN/Inf), it was "
+        f"saved after the run diverged; resume from an earlier step (4: callbacks.resume(directory, template, "
+        f"step=4)), or start over with a lower learning rate")
+    assert int(callbacks.resume(tmp_path, template, step=4)[0].step) == 4
+
+
+def test_a_position_inside_an_epoch_comes_back_with_its_shuffle_key(xy):
+    # the one decoder of the resume position (fit's ModelCheckpoint and funcnet train both use it):
+    # the same key bits and implementation, so the resumed epoch draws the same permutation
+    for key in (jax.random.key(3), jax.random.key(3, impl="rbg")):
+        perm_key = jax.random.split(key)[1]
+        metrics = {"loss": np.array([0.5, np.float32(1) / 3], np.float32), "grads_finite": np.array([True, False])}
+        saved = json.loads(json.dumps(callbacks.encode_position(train.Position(2, perm_key, metrics))))
+        back = callbacks.decode_position(saved)
+        assert back.epoch == 2 and jax.random.key_impl(back.perm_key) == jax.random.key_impl(perm_key)
+        np.testing.assert_array_equal(jax.random.key_data(back.perm_key), jax.random.key_data(perm_key))
+        np.testing.assert_array_equal(jax.random.permutation(back.perm_key, 96),
+                                      jax.random.permutation(perm_key, 96))
+        for k, v in metrics.items():
+            assert back.metrics[k].dtype == v.dtype and back.metrics[k].tobytes() == v.tobytes()
+    assert callbacks.decode_position({"epoch": 3}) == train.Position(3)
+
+
+def test_fit_resumed_where_max_steps_stopped_returns_the_stopped_epoch_and_refuses_going_back(xy, tmp_path):
+    # a checkpoint at the stop (every_steps: a ModelCheckpoint without it saves at epochs' ends only)
+    stopped, hist = _fit(xy, max_steps=8, callbacks=[callbacks.ModelCheckpoint(tmp_path, every_steps=100)])
+    template = train.create_train_state(MODEL, optax.adam(1e-2), jax.random.key(0))
+    state, start = callbacks.resume(tmp_path, template)
+    assert hist[-1]["step"] == int(state.step) == 8 and len(start.metrics["loss"]) == 2  # 2 steps into epoch 2
+    again, rerun = _fit(xy, max_steps=8, state=state, start=start)  # a restart of the same run: no step runs
+    assert rerun == hist[-1:] and int(again.step) == 8
+    _same(again.params, stopped.params)
+    state, start = callbacks.resume(tmp_path, template)
+    with pytest.raises(ValueError, match=r"^fit: max_steps=7 is below the resumed state's step 8 .*max_steps >= 8"):
+        _fit(xy, max_steps=7, state=state, start=start)

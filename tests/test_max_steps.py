@@ -2,8 +2,11 @@
 steps, writes its outputs and checkpoint as at a normal end, and a resumed run continues exactly;
 the progress bar ends on the step count an epoch really ran."""
 
+import contextlib
+import io
 import json
 import re
+import signal
 
 import jax
 import numpy as np
@@ -77,3 +80,66 @@ def test_the_progress_bar_ends_on_the_steps_the_epoch_ran(capsys):
     state, history = funcnet.fit(model, tx, (x, y), epochs=2, batch_size=2, key=jax.random.key(0), max_steps=550)
     shown = capsys.readouterr().out
     assert "step 150/400" in shown and int(state.step) == 550 and history[-1]["step"] == 550
+
+
+TINY = ["--quiet", "--hidden", "8", "--batch-size", "128", "--optimizer", "sgd", "--lr", "0.1"]  # 11 steps an epoch
+
+
+def _run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = cli.main(argv)
+        except SystemExit as e:
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def _files(folder):
+    """Every file under ``folder`` but the run's lock as (bytes, modification time): the same values mean
+    untouched."""
+    return {p.relative_to(folder): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))
+            if p.name != ".lock"}
+
+
+@pytest.mark.parametrize("limit, stop, history", [
+    (["--epochs", "2", "--max-steps", "15"], "step 15, --max-steps 15", [(1, 11), (2, 15)]),  # inside epoch 2
+    (["--epochs", "1"], "step 11, --epochs 1", [(1, 11)]),
+])
+def test_a_rerun_of_a_finished_run_leaves_out_byte_identical(tmp_path, limit, stop, history):
+    # the restart-safe line the docs give schedulers, run again after the run finished
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    line = ["train", *TINY, *limit, "--checkpoint-dir", str(ck), "--resume", "auto", "--out", str(out)]
+    assert _run(line)[0] == 0
+    assert [(h["epoch"], h["step"]) for h in json.loads((out / "metrics.json").read_text())["history"]] == history
+    before, saved = _files(out), _files(ck)
+    assert _run(line) == (0, f"the run in {ck} is finished ({stop}) and --out {out} holds its outputs: nothing to "
+                             f"train (pass a larger --max-steps or --epochs to go on)\n", "")
+    assert _files(out) == before and _files(ck) == saved
+    if "--max-steps" in limit:  # a smaller --max-steps cannot go back: one line, nothing touched
+        assert _run([*line, "--max-steps", "14"]) == (
+            2, "", f"funcnet train: error: --resume: the run in {ck} is at step 15, past --max-steps 14; pass "
+                   f"--max-steps 15 or more (a run cannot go back)\n")
+        assert _files(out) == before and _files(ck) == saved
+
+
+def test_a_sigterm_recovered_max_steps_run_ends_with_the_complete_history(tmp_path, monkeypatch):
+    limit = ["--epochs", "2", "--max-steps", "15"]
+    assert _run(["train", *TINY, *limit, "--out", str(tmp_path / "whole")])[0] == 0  # the oracle: uninterrupted
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    line = ["train", *TINY, *limit, "--checkpoint-dir", str(ck), "--resume", "auto", "--out", str(out)]
+    real = funcnet.state_dict
+
+    def state_dict(*a, **k):  # SIGTERM after the checkpoint at the stop, before --out is written
+        signal.raise_signal(signal.SIGTERM)
+        return real(*a, **k)
+
+    monkeypatch.setattr(funcnet, "state_dict", state_dict)
+    assert _run(line)[0] == 143 and not out.exists() and funcnet.checkpoint.latest_step(ck) == 15
+    monkeypatch.undo()
+    status, shown, err = _run(line)  # the scheduler restarts the same line
+    assert status == 0 and shown.startswith(f"resumed from step 15 in {ck}\n"), err
+    assert (out / "metrics.json").read_bytes() == (tmp_path / "whole" / "metrics.json").read_bytes()
+    whole, resumed = (np.load(tmp_path / d / "params.npz") for d in ("whole", "out"))
+    for k in whole.files:
+        np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)

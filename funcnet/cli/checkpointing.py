@@ -9,18 +9,19 @@ from funcnet.cli.errors import UsageError
 
 def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
     """``(history_done, fit_kwargs)``: fit() hooks that save into --checkpoint-dir after every
-    epoch (and every --checkpoint-every steps; fit itself stops on a non-finite epoch before its
-    on_epoch runs, so the last checkpoint stays good) and,
-    with --resume, the state and position of the newest checkpoint there. Each checkpoint's
-    metadata holds the flags, the data's fingerprint, the history so far and the position
-    inside the epoch, so a resumed run ends with the same metrics.
+    epoch and every --checkpoint-every steps (``callbacks.save_position``, as ``ModelCheckpoint``:
+    nothing non-finite is saved, so the last checkpoint stays good) and, with --resume, the state
+    and position of the newest checkpoint there (``callbacks.restore_position``, as
+    ``callbacks.resume``). Each checkpoint's metadata holds the flags, the data's fingerprint,
+    the history so far and the position inside the epoch, so a resumed run ends with the same
+    metrics. A resumed run that has nothing left to train (its --max-steps or --epochs reached)
+    gets ``fit_kwargs["finished"]``, the line that says so (not a ``fit`` argument: pop it).
 
     With --stream (``fit`` over a Loader) the batch order follows from ``state.step``, so a
     position inside an epoch is the epoch and its per-step metrics so far, with no shuffle key."""
     import jax
-    import numpy as np
 
-    from funcnet import checkpoint, guards, train
+    from funcnet import callbacks, checkpoint, train
 
     if args.checkpoint_dir is None:
         return [], {}
@@ -43,55 +44,64 @@ def _checkpointing(args, config, model, tx, loss_scale, fingerprint, run):
             raise UsageError(f"--resume: the {args.dataset} data changed since the run in {directory} was started "
                              f"(fingerprint {meta['data_sha256'][:12]}... then, {fingerprint[:12]}... now); resume "
                              f"with the same data files or start over in a new --checkpoint-dir")
+        if args.max_steps is not None and newest > args.max_steps:
+            raise UsageError(f"--resume: the run in {directory} is at step {newest}, past --max-steps "
+                             f"{args.max_steps}; pass --max-steps {newest} or more (a run cannot go back)")
         template = train.create_train_state(model, tx, jax.random.key(0), loss_scale=loss_scale)
-        state = checkpoint.restore(directory, template, newest)
-        pos, done = meta["position"], meta["history"]
-        partial = None  # the epoch's per-step metrics so far, when the checkpoint was taken inside an epoch
-        if "metrics" in pos:
-            partial = {k: np.asarray(values, dtype) for k, (dtype, values) in pos["metrics"].items()}
-        reached = pos["epoch"] + (partial is not None)
-        start = train.Position(pos["epoch"], metrics=partial)
-        if partial is not None and "perm_key" in pos:  # in-memory: the epoch's shuffle key too (--stream: none)
-            start = start._replace(
-                perm_key=jax.random.wrap_key_data(np.asarray(pos["perm_key"], np.uint32), impl=pos["key_impl"]))
-        resumed = {"start": start}
+        # the state and the position inside the epoch (the same code as callbacks.resume; --stream: no shuffle key,
+        # a Loader's order follows from state.step)
+        state, start = callbacks.restore_position(directory, template, newest, metadata=meta)
+        done = meta["history"]
+        reached = start.epoch + (start.metrics is not None)  # the epoch the checkpoint is in
         if reached > args.epochs:
             raise UsageError(f"--resume: the checkpoint in {directory} is in epoch {reached}, past --epochs "
                              f"{args.epochs}; pass --epochs {reached} or more")
-        kwargs.update(state=state, **resumed)
+        kwargs.update(state=state, start=start)
         run.saved_step = newest
+        if (args.max_steps is not None and newest >= args.max_steps) or (
+                start.metrics is None and start.epoch >= args.epochs):
+            ends = (f"--max-steps {args.max_steps}" if args.max_steps is not None and newest >= args.max_steps
+                    else f"--epochs {args.epochs}")
+            kwargs["finished"] = f"the run in {directory} is finished (step {newest}, {ends})"
     elif newest is not None:
         raise UsageError(f"--checkpoint-dir {directory} already holds checkpoints (newest: step {newest}); pass "
                          f"--resume (or --resume auto) to continue that run, or choose an empty folder")
 
-    def save(state, metadata):
-        step = int(state.step)
-        checkpoint.save(directory, state, step=step,
-                        metadata={"config": config, "data_sha256": fingerprint, "history": done, **metadata})
-        run.saved_step = step
+    def save(state, position, record=None):
+        # the flags, the data's fingerprint and the history so far beside the position: a resumed run ends
+        # with the same metrics; nothing non-finite is saved (NonFiniteLossError, the last good checkpoint kept)
+        callbacks.save_position(directory, state, position, record=record,
+                                metadata={"config": config, "data_sha256": fingerprint, "history": done})
+        run.saved_step = int(state.step)
         run.check_pending(saved=True)  # SIGTERM while training: stop here, right after a save
 
     def on_epoch(state, record):
         done.append(record)
-        save(state, {"position": {"epoch": record["epoch"]}})
+        save(state, train.Position(record["epoch"]), record)
 
-    def save_inside(state, epoch, step_metrics, shuffle):
-        losses = np.asarray(step_metrics["loss"])
-        guards.check_finite_losses(losses, int(state.step) - len(losses) + 1, epoch + 1, state.params)
-        inside = {"epoch": epoch, **shuffle,
-                  # every per-step metric the step returns (fp16 adds grads_finite, loss_scale), exactly
-                  "metrics": {k: [np.asarray(v).dtype.name, np.asarray(v).tolist()]
-                              for k, v in step_metrics.items()}}
-        save(state, {"position": inside})
-
-    def on_steps(state, position):
-        shuffle = {} if position.perm_key is None else {  # None: a Loader's order, from state.step
-            "perm_key": jax.random.key_data(position.perm_key).tolist(),
-            "key_impl": str(jax.random.key_impl(position.perm_key))}
-        save_inside(state, position.epoch, position.metrics, shuffle)
-
-    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=on_steps)
+    kwargs.update(on_epoch=on_epoch, every_steps=args.checkpoint_every, on_steps=save)
     return list(done), kwargs
+
+
+def holds_run(out: Path, config: dict, done: list, step: int) -> bool:
+    """``--out`` holds the outputs of the run whose newest checkpoint is ``step`` with history
+    ``done``: its three files, written with the same flags, a history that starts with ``done``
+    and ends at ``step`` (a run that --max-steps stopped inside an epoch adds that epoch's record)."""
+    import json
+
+    from funcnet import guards
+    from funcnet.cli.outputs import OUTPUTS
+
+    try:
+        metrics = json.loads((out / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not all((out / name).is_file() for name in OUTPUTS) or not isinstance(metrics, dict):
+        return False
+    history = metrics.get("history")
+    same_flags = json.loads(json.dumps(guards.json_safe(config))) == metrics.get("config")
+    return (same_flags and isinstance(history, list) and history[:len(done)] == done
+            and len(history) - len(done) in (0, 1) and bool(history) and history[-1].get("step") == step)
 
 
 def _defaults() -> dict:

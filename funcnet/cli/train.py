@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from pathlib import Path
 
 from funcnet import compile_cache
-from funcnet.cli.checkpointing import _checkpointing
+from funcnet.cli.checkpointing import _checkpointing, holds_run
 from funcnet.cli.errors import UsageError
 from funcnet.cli.outputs import _check_out, _file_above, _Outputs, _probe_writable
 from funcnet.cli.signals import _Run
@@ -110,6 +111,12 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         fingerprint = _stream_fingerprint(stream.records, x_te, y_te)
         x_tr = y_tr = None  # the training data is read from disk from here on
     done, resume_kwargs = _checkpointing(args, config, model, tx, loss_scale, fingerprint, run)
+    finished = resume_kwargs.pop("finished", None)
+    if finished is not None and holds_run(outputs.out, config, done, run.saved_step):
+        # a rerun of a finished run (a scheduler's restart-safe --resume auto line): --out is left as it is
+        print(f"{finished} and --out {outputs.out} holds its outputs: nothing to train (pass a larger --max-steps "
+              f"or --epochs to go on)")
+        return json.loads((outputs.out / "metrics.json").read_text())
     if "state" in resume_kwargs:  # the newest checkpoint's state: say so, a resumed run looks like a fresh one
         print(f"resumed from step {run.saved_step} in {args.checkpoint_dir}")
     used = jax.devices()[:args.devices if data_parallel else 1]
