@@ -102,35 +102,25 @@ def _files(folder):
             if p.name != ".lock"}
 
 
-@pytest.mark.parametrize("limit, stop, history", [
-    (["--epochs", "2", "--max-steps", "15"], "step 15, --max-steps 15", [(1, 11), (2, 15)]),  # inside epoch 2
-    (["--epochs", "1"], "step 11, --epochs 1", [(1, 11)]),
-])
-def test_a_rerun_of_a_finished_run_leaves_out_byte_identical(tmp_path, limit, stop, history):
-    # the restart-safe line the docs give schedulers, run again after the run finished
-    ck, out = tmp_path / "ck", tmp_path / "out"
-    line = ["train", *TINY, *limit, "--checkpoint-dir", str(ck), "--resume", "auto", "--out", str(out)]
-    assert _run(line)[0] == 0
-    assert [(h["epoch"], h["step"]) for h in json.loads((out / "metrics.json").read_text())["history"]] == history
+def _rerun_is_a_no_op(line, ck, out, stop):
+    """The same line run again after the run finished: one line, exit 0, --out and the checkpoints untouched."""
     before, saved = _files(out), _files(ck)
     assert _run(line) == (0, f"the run in {ck} is finished ({stop}) and --out {out} holds its outputs: nothing to "
                              f"train (pass a larger --max-steps or --epochs to go on)\n", "")
     assert _files(out) == before and _files(ck) == saved
-    if "--max-steps" in limit:  # a smaller --max-steps cannot go back: one line, nothing touched
-        assert _run([*line, "--max-steps", "14"]) == (
-            2, "", f"funcnet train: error: --resume: the run in {ck} is at step 15, past --max-steps 14; pass "
-                   f"--max-steps 15 or more (a run cannot go back)\n")
-        assert _files(out) == before and _files(ck) == saved
+    return before, saved
 
 
-def test_a_sigterm_recovered_max_steps_run_ends_with_the_complete_history(tmp_path, monkeypatch):
-    limit = ["--epochs", "2", "--max-steps", "15"]
+def test_a_sigterm_recovered_max_steps_run_ends_whole_and_a_rerun_leaves_out_byte_identical(tmp_path, monkeypatch):
+    # the restart-safe line the docs give schedulers: killed by SIGTERM between the checkpoint at the stop
+    # and --out, restarted (it must write the complete history), then run again after it finished
+    limit = ["--epochs", "2", "--max-steps", "15"]  # stops 4 steps into epoch 2
     assert _run(["train", *TINY, *limit, "--out", str(tmp_path / "whole")])[0] == 0  # the oracle: uninterrupted
     ck, out = tmp_path / "ck", tmp_path / "out"
     line = ["train", *TINY, *limit, "--checkpoint-dir", str(ck), "--resume", "auto", "--out", str(out)]
     real = funcnet.state_dict
 
-    def state_dict(*a, **k):  # SIGTERM after the checkpoint at the stop, before --out is written
+    def state_dict(*a, **k):  # after the last checkpoint, before --out is written
         signal.raise_signal(signal.SIGTERM)
         return real(*a, **k)
 
@@ -140,6 +130,22 @@ def test_a_sigterm_recovered_max_steps_run_ends_with_the_complete_history(tmp_pa
     status, shown, err = _run(line)  # the scheduler restarts the same line
     assert status == 0 and shown.startswith(f"resumed from step 15 in {ck}\n"), err
     assert (out / "metrics.json").read_bytes() == (tmp_path / "whole" / "metrics.json").read_bytes()
+    assert [(h["epoch"], h["step"]) for h in json.loads((out / "metrics.json").read_text())["history"]] == \
+        [(1, 11), (2, 15)]
     whole, resumed = (np.load(tmp_path / d / "params.npz") for d in ("whole", "out"))
     for k in whole.files:
         np.testing.assert_array_equal(resumed[k], whole[k], err_msg=k)
+
+    before, saved = _rerun_is_a_no_op(line, ck, out, "step 15, --max-steps 15")
+    # a smaller --max-steps cannot go back: one line, nothing touched
+    assert _run([*line, "--max-steps", "14"]) == (
+        2, "", f"funcnet train: error: --resume: the run in {ck} is at step 15, past --max-steps 14; pass "
+               f"--max-steps 15 or more (a run cannot go back)\n")
+    assert _files(out) == before and _files(ck) == saved
+
+
+def test_a_rerun_of_a_run_finished_by_its_epochs_leaves_out_byte_identical(tmp_path):
+    ck, out = tmp_path / "ck", tmp_path / "out"
+    line = ["train", *TINY, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume", "auto", "--out", str(out)]
+    assert _run(line)[0] == 0
+    _rerun_is_a_no_op(line, ck, out, "step 11, --epochs 1")
