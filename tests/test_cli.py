@@ -370,7 +370,9 @@ def write_errors_md(path: Path) -> None:
         *rows_lib,
         "",
     ])
-    path.write_text(text)
+    from test_error_table import render  # the table of damaged files and other calls, run by its own test
+
+    path.write_text(text + "\n" + render())
 
 
 if __name__ == "__main__":
