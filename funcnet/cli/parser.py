@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
                    help="stop after N optimizer steps in all (across epochs, even inside one), then write the outputs "
                         "and the checkpoint as at a normal end; --epochs still caps the run (default: no limit)")
+    t.add_argument("--log-every", type=_positive_int, default=None, metavar="N",
+                   help="print the training loss every N optimizer steps (the mean of those N steps), and draw it "
+                        "per step in loss.png; the epoch then runs in stretches of N steps, with the same result "
+                        "(default: none, one line per epoch)")
     t.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per optimizer step, over all devices (default %(default)s)")
     t.add_argument("--lr", type=_learning_rate, default=1e-3, help="learning rate (default %(default)s)")
