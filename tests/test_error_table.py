@@ -213,6 +213,8 @@ def _full_disk(target: str, name: str):
 
 _FULL_DISK_ARGV = {
     "port": ["port", "{net}/net.py:Net", "--input-shape", "1,4", "--out", "{out}/net_port.py"],
+    "weights": ["port", "{net}/net.py:Net", "--input-shape", "1,4", "--out", "{out}/net_port.py", "--weights",
+                "{out}/net.safetensors"],
     "stream": ["train", "--quiet", "--epochs", "1", "--hidden", "8", "--batch-size", "128", "--stream",
                "{out}/records", "--out", "{out}/run"],
 }
@@ -327,6 +329,11 @@ CASES = [
          _full_disk("funcnet.cli.port.write_atomic", "port"), "CLEAR", 2,
          "funcnet port: error: [Errno 28] --out <out>/net_port.py: could not write it: No space left on device; the "
          "file that was there (if any) is left as it was: free space there or pass a path on another disk"),
+    Case("funcnet port <net>/net.py:Net --input-shape 1,4 --out <out>/net_port.py --weights <out>/net.safetensors "
+         "on a full disk", _full_disk("funcnet.interop.save_safetensors", "weights"), "CLEAR", 2,
+         "funcnet port: error: [Errno 28] --weights <out>/net.safetensors: could not write it: No space left on "
+         "device; the file that was there (if any) is left as it was: free space there or pass a path on another "
+         "disk"),
     # funcnet train --stream
     Case("funcnet train --stream <out>/records on a full disk", _full_disk("funcnet.loader.write_records", "stream"),
          "CLEAR", 2,
