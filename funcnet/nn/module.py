@@ -62,8 +62,8 @@ class Module(NamedTuple):
     def __call__(self, *inputs, **kwargs):
         """Not torch's ``model(x)``: a funcnet module holds no weights, so say how it is called."""
         head = self.name.split("(")[0]
-        how = (f"y, state = model.apply(params, x, state=state) with state = model.init_state(), or "
-               f"nn.call(model, params, state, x)" if self.has_state else
+        how = ("y, state = model.apply(params, x, state=state) with state = model.init_state(), or "
+               "nn.call(model, params, state, x)" if self.has_state else
                "model.apply(params, x), or nn.call(model, params, {}, x) for any module")
         raise TypeError(f"{head} is a funcnet module, not a torch one: it holds no weights, so it is not called as "
                         f"model(x); call {how}, with params = model.init(jax.random.key(0))")
