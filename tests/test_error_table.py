@@ -52,7 +52,7 @@ def _main(*argv):
 
 
 def _cli(*argv):
-    return lambda ctx: _main(*(a.format(**ctx) for a in argv))
+    return lambda ctx: _main(*(a.format_map(ctx) for a in argv))
 
 
 def _raises(thunk):
@@ -131,26 +131,53 @@ def _hf(folder: Path) -> None:
         pad_token_id=None)).save_pretrained(folder)
 
 
-def make_context(root: Path) -> dict:
-    ctx = {k: root / k for k in ("gpt", "blank", "npzcut", "npzflip", "noblock", "strembd", "hf", "hfcut", "hfhead",
-                                 "hfconfig", "missing", "net", "out")}
-    _lm_run(ctx["gpt"], "gpt")
-    _lm_run(ctx["blank"], "lstm", blank=True)
-    _copy_with(ctx["gpt"], ctx["npzcut"], "params.npz", _cut)
-    _copy_with(ctx["gpt"], ctx["npzflip"], "params.npz", _flip(None))  # inside an array: the zip's CRC
-    _copy_with(ctx["gpt"], ctx["noblock"], "metrics.json", _edit_config(lambda c: c.pop("block_size")))
-    _copy_with(ctx["gpt"], ctx["strembd"], "metrics.json", _edit_config(lambda c: c.update(n_embd="16")))
-    _hf(ctx["hf"])
-    _copy_with(ctx["hf"], ctx["hfcut"], "model.safetensors", _cut)
-    _copy_with(ctx["hf"], ctx["hfhead"], "model.safetensors", _flip(20))  # inside the JSON header
-    _copy_with(ctx["hf"], ctx["hfconfig"], "config.json", lambda p: p.write_text(
+def _lm_runs(root: Path) -> None:
+    _lm_run(root / "gpt", "gpt")
+    _lm_run(root / "blank", "lstm", blank=True)
+    _copy_with(root / "gpt", root / "npzcut", "params.npz", _cut)
+    _copy_with(root / "gpt", root / "npzflip", "params.npz", _flip(None))  # inside an array: the zip's CRC
+    _copy_with(root / "gpt", root / "noblock", "metrics.json", _edit_config(lambda c: c.pop("block_size")))
+    _copy_with(root / "gpt", root / "strembd", "metrics.json", _edit_config(lambda c: c.update(n_embd="16")))
+
+
+def _hf_folders(root: Path) -> None:
+    _hf(root / "hf")
+    _copy_with(root / "hf", root / "hfcut", "model.safetensors", _cut)
+    _copy_with(root / "hf", root / "hfhead", "model.safetensors", _flip(20))  # inside the JSON header
+    _copy_with(root / "hf", root / "hfconfig", "config.json", lambda p: p.write_text(
         p.read_text().replace('"hidden_size": 32', '"hidden_size": 48')))
-    ctx["net"].mkdir()
-    (ctx["net"] / "net.py").write_text("import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
-                                       "        super().__init__()\n        self.fc = torch.nn.Linear(4, 2)\n\n"
-                                       "    def forward(self, x):\n        return self.fc(x)\n")
-    ctx["out"].mkdir()
-    return {k: str(v) for k, v in ctx.items()}
+
+
+def _files(root: Path) -> None:
+    (root / "net").mkdir()
+    (root / "net" / "net.py").write_text("import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                                         "        super().__init__()\n        self.fc = torch.nn.Linear(4, 2)\n\n"
+                                         "    def forward(self, x):\n        return self.fc(x)\n")
+    (root / "out").mkdir()
+
+
+# each group of paths is made when a case first names one of them: pytest-xdist may give the cases
+# to several processes, each with its own context, and a process makes only what its cases use
+_GROUPS = {_lm_runs: ("gpt", "blank", "npzcut", "npzflip", "noblock", "strembd"),
+           _hf_folders: ("hf", "hfcut", "hfhead", "hfconfig"), _files: ("missing", "net", "out")}
+
+
+class Context(dict):
+    """``{name: path}`` of the temporary runs and files the cases name, made on first use."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, name: str) -> str:
+        make = next(make for make, names in _GROUPS.items() if name in names)
+        make(self.root)
+        self.update({n: str(self.root / n) for n in _GROUPS[make]})
+        return self[name]
+
+
+def make_context(root: Path) -> Context:
+    return Context(root)
 
 
 # ---- the OK cases' extra checks and the calls that need more than one line ------------------
@@ -204,7 +231,7 @@ def _full_disk(target: str, name: str):
 
         setattr(owner, attribute, full)
         try:
-            return _main(*(a.format(**ctx) for a in _FULL_DISK_ARGV[name]))
+            return _main(*(a.format_map(ctx) for a in _FULL_DISK_ARGV[name]))
         finally:
             setattr(owner, attribute, real)
 
