@@ -153,6 +153,11 @@ def _files(root: Path) -> None:
     (root / "net" / "net.py").write_text("import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
                                          "        super().__init__()\n        self.fc = torch.nn.Linear(4, 2)\n\n"
                                          "    def forward(self, x):\n        return self.fc(x)\n")
+    (root / "net" / "shp.py").write_text("import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+                                         "        super().__init__()\n        self.a, self.b = torch.nn.Linear(4, 2), "
+                                         "torch.nn.Linear(4, 2)\n\n    def forward(self, x):\n"
+                                         "        if x.shape[0] > 2:\n            return self.a(x)\n"
+                                         "        return self.b(x)\n")
     (root / "out").mkdir()
 
 
@@ -181,6 +186,12 @@ def make_context(root: Path) -> Context:
 
 
 # ---- the OK cases' extra checks and the calls that need more than one line ------------------
+
+def _notes_the_branch(ctx, out):
+    assert out == (f"wrote {ctx['out']}/shp_port.py (10 lines); note: forward branches on a shape at shp.py:10 "
+                   f"(x.shape[0] > 2): the port keeps the branch that --input-shape 4,4 took, so check it on the "
+                   f"other shapes it will see\n"), out
+
 
 def _greedy_text(ctx):
     return _main("sample", ctx["gpt"], "--tokens", "20", "--temperature", "0")[1]
@@ -352,6 +363,9 @@ CASES = [
               "{out}/b.py"), "CLEAR", 2,
          "funcnet port: error: argument --seed: expected an integer in [0, 4294967295], got '18446744073709551616' "
          "(see funcnet port --help)"),
+    Case("funcnet port <net>/shp.py:Net --input-shape 4,4 (its forward: if x.shape[0] > 2: ...) says so on stdout",
+         _cli("port", "{net}/shp.py:Net", "--input-shape", "4,4", "--out", "{out}/shp_port.py"), "OK", 0, "",
+         _notes_the_branch),
     Case("funcnet port <net>/net.py:Net --input-shape 1,4 --out <out>/net_port.py on a full disk",
          _full_disk("funcnet.cli.port.write_atomic", "port"), "CLEAR", 2,
          "funcnet port: error: [Errno 28] --out <out>/net_port.py: could not write it: No space left on device; the "

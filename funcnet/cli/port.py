@@ -287,7 +287,46 @@ def run(argv: Sequence[str]) -> str:
     except Exception as e:
         raise UsageError(f"{plan['name']}'s forward failed on example inputs ({shapes}): {type(e).__name__}: {e}; "
                          f"pass the shapes (and --input-dtype) forward expects") from None
-    return _write(args, module, source)
+    summary = _write(args, module, source)
+    branches = _shape_branches(module)
+    if branches:
+        more = f" (and {len(branches) - 1} more)" if len(branches) > 1 else ""
+        summary += (f"; note: forward branches on a shape at {branches[0]}{more}: the port keeps the branch that "
+                    f"{shapes} took, so check it on the other shapes it will see")
+    return summary
+
+
+_SHAPE_READS = ("shape", "size", "dim", "ndim", "numel")
+
+
+def _shape_branches(module) -> list[str]:
+    """``"FILE:LINE: if ..."`` for each ``if``, ``while`` or ``x if c else y`` in the forward of
+    the user's own classes whose test reads a shape (``.shape``, ``.size()``, ``len(...)``):
+    the recording follows the branch the example inputs took, and the port has no ``if``."""
+    import ast
+    import inspect
+    import textwrap
+
+    found, seen = [], set()
+    for m in module.modules():
+        cls = type(m)
+        if cls in seen or cls.__module__.startswith("torch."):
+            continue
+        seen.add(cls)
+        try:
+            lines, first = inspect.getsourcelines(cls.forward)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            path = inspect.getsourcefile(cls.forward)
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.If, ast.While, ast.IfExp)):
+                continue
+            reads = [n for n in ast.walk(node.test) if (isinstance(n, ast.Attribute) and n.attr in _SHAPE_READS)
+                     or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len")]
+            if reads:
+                found.append(f"{os.path.basename(path)}:{first + node.lineno - 1} ({ast.unparse(node.test)})")
+    return found
 
 
 def _write(args, module, source: str) -> str:
