@@ -68,6 +68,17 @@ def _progress_bar(console, label: str):
     reports through ``_core.progress`` with a bar of its items done, and the time elapsed."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if not console.is_terminal:  # a log (CI, a pipe): no bar redrawn in place, a plain line per stage instead
+        started, last = time.monotonic(), [None]
+
+        def show(description: str, done: int, total: int | None) -> None:
+            if description != last[0]:
+                last[0] = description
+                print(f"{label}: {description} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+        with _core.showing_progress(show):
+            yield
+        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as bar:
         task = bar.add_task(f"{label} ...", total=None)

@@ -309,6 +309,7 @@ def timed(fn: Callable[..., Any], *args, repeat: int = 1, steady: bool = True, *
     also pays one-off costs the compile events miss (XLA:CPU prepares kernels on the
     first execution), so first - compile is not the steady state: only a repeat is."""
     times, out = [], None
+    _stage(getattr(fn, '__name__', type(fn).__name__))
     with _CompileClock() as clock:
         for _ in range(max(repeat, 1)):
             t0 = time.perf_counter()
@@ -409,6 +410,12 @@ def progress(items, description: str, *, total: int | None = None):
         yield item
         if show is not None:
             show(description, done, total)
+
+
+def _stage(description: str) -> None:
+    """Tell the runner a new stage began (one of ``timed``'s calls, say); nothing outside it."""
+    if _progress_shown is not None:
+        _progress_shown(description, 0, None)
 
 
 @contextlib.contextmanager

@@ -388,6 +388,11 @@ def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, tempera
     if not greedy and not float(temperature) > 0.0:
         raise ValueError(f"generate: temperature must be > 0, got {temperature!r}; for argmax decoding pass "
                          f"greedy=True")
+    tiny = float(jnp.finfo(jnp.float32).tiny)
+    if not greedy and not tiny <= float(temperature) < float("inf"):
+        raise ValueError(f"generate: temperature must be a finite float32 of at least {tiny:.4g} (its smallest normal "
+                         f"number; below it the logits divided by it overflow), got {temperature!r}; for the "
+                         f"limit temperature -> 0 pass greedy=True")
     from funcnet.step import _check_key
 
     if key is None and greedy:
@@ -434,7 +439,8 @@ def _generate(model, params, idx, key, temperature, *, max_new_tokens, block_siz
         if greedy:
             nxt = jnp.argmax(logits, axis=-1)
         else:
-            logits = logits / temperature.astype(logits.dtype)
+            # shifted first, so the largest is 0 and a tiny temperature sends the others to -inf, never inf - inf
+            logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / temperature.astype(logits.dtype)
             if top_k is not None:
                 v = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0]
                 logits = jnp.where(logits < v[:, -1:], -jnp.inf, logits)

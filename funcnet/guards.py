@@ -86,6 +86,25 @@ def check_fit_args(tx, train_data, test_data=None, *, where: str = "fit") -> Non
         check_finite(y, f"{name} y", where)
 
 
+def check_loss_fn(loss_fn, where: str = "fit") -> None:
+    """The test metrics call ``loss_fn(outputs, targets, reduction="sum")`` at each epoch's end
+    (``evaluate``): a loss without a ``reduction`` argument is refused before the first epoch
+    runs, not after it. A callable whose signature cannot be read passes."""
+    import inspect
+
+    try:
+        params = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if any(p.name == "reduction" or p.kind is p.VAR_KEYWORD for p in params):
+        return
+    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
+    raise TypeError(f"{where}: loss_fn {name}{inspect.signature(loss_fn)} takes no reduction= argument, but the test "
+                    f"metrics call loss_fn(outputs, targets, reduction='sum') at each epoch's end; add "
+                    f"reduction='mean' to it (returning the sum for 'sum', the mean for 'mean', as funcnet.losses "
+                    f"do), or leave test_data out")
+
+
 def check_step_fn(step, where: str = "run_epoch") -> None:
     """``step`` must be what ``make_step`` returns (it carries the uncompiled ``step.raw``)."""
     if not callable(step) or not callable(getattr(step, "raw", None)):

@@ -230,6 +230,8 @@ def fit(model: Module, tx: optax.GradientTransformation, train_data, test_data=N
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         raise ValueError(f"max_steps must be a positive int or None (no limit), got {max_steps!r}")
     callbacks = _callbacks.check(callbacks)
+    if test_data is not None:
+        _guards.check_loss_fn(loss_fn)
     policy, loss_scale = _precision.resolve_precision(precision)
     options = dict(epochs=epochs, batch_size=batch_size, key=key, loss_fn=loss_fn, metrics=metrics,
                    accum_steps=accum_steps, policy=policy, loss_scale=loss_scale, strategy=strategy, devices=devices,

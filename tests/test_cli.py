@@ -183,6 +183,28 @@ def test_defaults_reach_95_percent_and_the_same_seed_gives_the_same_file(tmp_pat
         (stated.group(1), metrics["final"]["test_accuracy"])
 
 
+def test_log_every_prints_per_step_losses_and_changes_nothing_else(tmp_path):
+    flags = ["train", "--quiet", "--epochs", "2", "--hidden", "8", "--batch-size", "128"]  # 11 steps an epoch
+    status, logged, err = run_main([*flags, "--log-every", "5", "--out", str(tmp_path / "logged")])
+    assert status == 0, err
+    lines = [line for line in logged.splitlines() if line.startswith("step ")]
+    # each epoch's own steps: 5, 10 in the first; 15 (12-15) and 20 in the second
+    assert [line.split(":")[0] for line in lines] == ["step 5 (epoch 1)", "step 10 (epoch 1)", "step 15 (epoch 2)",
+                                                       "step 20 (epoch 2)"], logged
+    assert lines[2].endswith("(mean of steps 12-15)"), lines[2]
+    status, _, err = run_main([*flags, "--out", str(tmp_path / "plain")])
+    assert status == 0, err
+    # the stretches of 5 steps give the run without them, bit for bit; metrics.json does not hold the flag
+    for name in ("metrics.json", "params.npz"):
+        if name == "params.npz":
+            import numpy as np
+
+            with np.load(tmp_path / "logged" / name) as a, np.load(tmp_path / "plain" / name) as b:
+                assert a.files == b.files and all(a[k].tobytes() == b[k].tobytes() for k in a.files)
+        else:
+            assert (tmp_path / "logged" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
 # ---- docs/errors.md ----------------------------------------------------------------------
 
 def _library_cases(ctx):
@@ -370,7 +392,9 @@ def write_errors_md(path: Path) -> None:
         *rows_lib,
         "",
     ])
-    path.write_text(text)
+    from test_error_table import render  # the table of damaged files and other calls, run by its own test
+
+    path.write_text(text + "\n" + render())
 
 
 if __name__ == "__main__":

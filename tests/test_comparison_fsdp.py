@@ -1,7 +1,6 @@
 """comparisons.fsdp on 1 and 2 devices (the full 1/2/4/8 table runs in `python -m comparisons fsdp`):
 torch FSDP2 in 2 gloo processes, ZeRO-3 equal to one device and to torch."""
 
-import pytest
 
 from comparisons import fsdp
 from comparisons._core import Options
@@ -16,12 +15,12 @@ def test_fsdp_comparison_passes():
     torch_line = next(c for c in result.checks if c.name.startswith("final params: JAX ZeRO-3 == torch"))
     assert "max |diff|" in torch_line.detail
     _guide_table_matches(result)
+    # in the same process, so the perturbed run reuses torch's results and the compiled JAX programs
+    # (fsdp._REUSED) and costs only its training steps
+    _a_perturbed_jax_weight_fails_the_torch_checks_only()
 
 
-# slow: a second full run (torch FSDP2 in 2 gloo processes and the JAX programs, ~25-40 s); the
-# default run checks the unperturbed one
-@pytest.mark.slow
-def test_a_perturbed_jax_weight_fails_the_torch_checks_only():
+def _a_perturbed_jax_weight_fails_the_torch_checks_only():
     result = fsdp.run(Options(perturb=1e-2), devices=(1, 2), zeros=(0, 3))
     failed = {c.name for c in result.checks if not c.ok}
     assert {"losses per step: JAX ZeRO-3 (2 devices) == torch fully_shard (2 processes)",

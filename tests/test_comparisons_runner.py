@@ -197,3 +197,24 @@ def test_the_screenshot_helper_without_selenium_is_one_line_naming_the_extra(mon
     assert captured.err == ('python -m comparisons._screenshot: error: selenium is not installed; it comes with the '
                             'test extra: pip install -e ".[test]"\n')
     assert not (tmp_path / "shot.png").exists()
+
+
+def test_a_log_gets_a_line_per_stage_of_a_comparison(capsys):
+    # not a terminal (CI, a pipe): no bar redrawn in place, one stderr line each time a stage begins
+    import io
+
+    from rich.console import Console
+
+    from comparisons import _core
+
+    def torch_side():
+        return 1
+
+    with runner._progress_bar(Console(file=io.StringIO()), "[1/2] running demo"):
+        _core.timed(torch_side)
+        for _ in _core.progress(range(3), "JAX: steps"):
+            pass
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.rsplit(" (", 1)[0] for line in lines] == ["[1/2] running demo: torch_side",
+                                                           "[1/2] running demo: JAX: steps"], lines
+    assert all(line.endswith(" s)") for line in lines)

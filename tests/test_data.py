@@ -15,8 +15,14 @@ def test_digits_split_scaled_and_fixed_by_seed():
     assert x_tr.dtype == np.float32 and y_tr.dtype == np.int32
     assert x_tr.min() >= 0 and x_tr.max() <= 1 and x_tr.max() == 1
     assert set(np.unique(y_te)) == set(range(10))
-    (x_tr2, _), _ = data.load("digits")
-    np.testing.assert_array_equal(x_tr, x_tr2)
+    # the oracle: scikit-learn's own stratified split of its digits, scaled by their maximum 16
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    want_x, want_xt, want_y, want_yt = train_test_split(x / 16.0, y, test_size=0.2, random_state=0, stratify=y)
+    np.testing.assert_array_equal(x_tr, want_x.astype(np.float32))
+    np.testing.assert_array_equal(y_te, want_yt)
     (x_tr3, _), _ = data.load("digits", seed=1)
     assert not np.array_equal(x_tr, x_tr3)
 
@@ -78,8 +84,13 @@ def test_batches_are_a_permutation_fixed_by_key():
     assert len(seen) == 9 and len(set(seen.tolist())) == 9  # drop_last: 3 batches of 3, no repeats
     again = np.concatenate([np.asarray(yb) for _, yb in data.batches(k2, x, y, 3)])
     assert not np.array_equal(seen, again)
-    np.testing.assert_array_equal(np.asarray(data.epoch_indices(jax.random.key(7), 10, 5)),
-                                  np.asarray(data.epoch_indices(jax.random.key(7), 10, 5)))
+    # the order is jax.random.permutation's of the key (what run_epoch draws on device), cut to whole batches
+    perm = np.asarray(jax.random.permutation(jax.random.key(7), 11))
+    np.testing.assert_array_equal(np.asarray(data.epoch_indices(jax.random.key(7), 11, 5)), perm[:10].reshape(2, 5))
+    # and batches() gathers those rows, in that order
+    got = [np.asarray(yb) for _, yb in data.batches(jax.random.key(3), x, y, 3)]
+    want = np.asarray(jax.random.permutation(jax.random.key(3), 10))[:9].reshape(3, 3)
+    np.testing.assert_array_equal(np.stack(got), want)
 
 
 @pytest.mark.parametrize("bad", [0, -4, 2.5, True])

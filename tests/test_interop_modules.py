@@ -2,7 +2,7 @@
 
 The oracle is the torch module itself: its forward in train and eval mode, its buffers after a
 training forward (torch updates them in place; funcnet returns them) and its state_dict order.
-Rows whose funcnet layer has not landed yet are skipped, not failed.
+A row whose funcnet layer is missing fails, naming it (every layer the rows use exists).
 """
 
 import jax
@@ -18,9 +18,10 @@ from funcnet import interop, nn
 TOL = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-10, atol=1e-12)}
 
 
-def needs(*names):
+def require(names) -> None:
+    """Fail, naming them, when funcnet.nn lacks layers a row converts to."""
     missing = [n for n in names if not hasattr(nn, n)]
-    return pytest.mark.skipif(bool(missing), reason=f"funcnet.nn has no {', '.join(missing)} yet")
+    assert not missing, f"funcnet.nn has no {', '.join(missing)}, which the row converts to"
 
 
 # name -> (torch model factory, input shape, funcnet layers it needs)
@@ -95,8 +96,7 @@ def check_convert(net, shape, dtype="float32"):
 @pytest.mark.parametrize("row", list(ROWS))
 def test_converted_model_forward_and_state_equal_torch_float32(row):
     factory, shape, layers = ROWS[row]
-    if any(not hasattr(nn, n) for n in layers):
-        pytest.skip(f"funcnet.nn lacks one of {layers}")
+    require(layers)
     torch.manual_seed(0)
     check_convert(factory(), shape)
 
@@ -104,8 +104,7 @@ def test_converted_model_forward_and_state_equal_torch_float32(row):
 @pytest.mark.parametrize("row", ["mlp", "conv_bn_pool", "bn1d_ln"])
 def test_converted_model_forward_and_state_equal_torch_float64(row):
     factory, shape, layers = ROWS[row]
-    if any(not hasattr(nn, n) for n in layers):
-        pytest.skip(f"funcnet.nn lacks one of {layers}")
+    require(layers)
     torch.manual_seed(1)
     with jax.enable_x64(True):
         model, params, state = check_convert(factory(), shape, "float64")
@@ -222,8 +221,8 @@ def test_tied_weights_stay_tied_in_a_converted_model():
     tnn.Sequential(tnn.Linear(4, 4, bias=False), tnn.Tanh(), tnn.Linear(4, 4)).load_state_dict(sd, strict=True)
 
 
-@needs("MultiheadAttention")
 def test_multihead_attention_converts_with_its_arguments():
+    require(["MultiheadAttention"])
     torch.manual_seed(6)
     net = tnn.MultiheadAttention(8, 2, bias=False, batch_first=True, kdim=6, vdim=5)
     model, params, state = interop.convert(net)
@@ -235,8 +234,8 @@ def test_multihead_attention_converts_with_its_arguments():
     np.testing.assert_allclose(w, w_t.detach().numpy(), **TOL["float32"])
 
 
-@needs("TransformerEncoderLayer")
 def test_transformer_encoder_layer_converts_with_its_arguments():
+    require(["TransformerEncoderLayer"])
     torch.manual_seed(7)
     net = tnn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, activation="gelu",
                                       layer_norm_eps=1e-4, batch_first=True, norm_first=True)
@@ -247,8 +246,8 @@ def test_transformer_encoder_layer_converts_with_its_arguments():
     np.testing.assert_allclose(y, net.eval()(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
-@needs("TransformerEncoder", "TransformerEncoderLayer")
 def test_transformer_encoder_converts_with_its_layers_and_norm():
+    require(["TransformerEncoder", "TransformerEncoderLayer"])
     torch.manual_seed(9)
     layer = tnn.TransformerEncoderLayer(8, 2, dim_feedforward=12, dropout=0.0, batch_first=True)
     net = tnn.TransformerEncoder(layer, 2, norm=tnn.LayerNorm(8), enable_nested_tensor=False)
@@ -262,8 +261,8 @@ def test_transformer_encoder_converts_with_its_layers_and_norm():
     np.testing.assert_allclose(y, net.eval()(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
-@needs("Embedding")
 def test_embedding_converts_with_padding_idx():
+    require(["Embedding"])
     torch.manual_seed(8)
     net = tnn.Embedding(10, 4, padding_idx=-1)
     model, params, _ = interop.convert(net)

@@ -307,3 +307,19 @@ def test_building_does_not_create_arrays():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"JAX_PLATFORMS": "cpu", "PATH": ""})
     assert out.stdout.strip() == "3"
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3, 0.5])
+def test_layernorm_eps_sets_the_output_scale_where_the_variance_is_comparable(eps):
+    # the closed form written apart from the layer: y = (x - mean) / sqrt(var + eps), float64; with the
+    # inputs' variance equal to eps the output's RMS is sqrt(1/2), so a wrong eps (10x, or the default)
+    # moves every value by tens of percent, far outside rounding (1e-15 relative)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((3, 8))
+        x = (x - x.mean(-1, keepdims=True)) / x.std(-1, keepdims=True) * np.sqrt(eps) + 7.0  # var == eps exactly
+        want = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+        model = nn.LayerNorm(8, eps=eps, elementwise_affine=False, dtype=jnp.float64)
+        got = np.asarray(model.apply(model.init(jax.random.key(0)), jnp.asarray(x)))
+        np.testing.assert_allclose(np.sqrt((got ** 2).mean(-1)), np.sqrt(0.5), rtol=1e-9)
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

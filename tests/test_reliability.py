@@ -516,15 +516,6 @@ def test_guards_name_torch_tensors_bad_pairs_and_uncalled_optimizers():
         guards.check_step_fn([1])
 
 
-def _fit_calls_guards():
-    import inspect
-
-    from funcnet import train
-
-    return "guards" in inspect.getsource(train.fit)
-
-
-@pytest.mark.skipif(not _fit_calls_guards(), reason="train.fit does not call funcnet.guards yet (lead's file)")
 def test_fit_refuses_nan_inputs_torch_tensors_and_a_bare_test_array():
     import jax
 

@@ -141,7 +141,7 @@ class _Outputs:
             raise OSError(e.errno, f"--out {self.out} cannot be written: {e.strerror} ({e.filename or self.out}); "
                                    f"pass a folder this user can write") from None
 
-    def commit(self, metrics: dict, arrays: dict, history: list, kept: str = "") -> None:
+    def commit(self, metrics: dict, arrays: dict, history: list, kept: str = "", steps=()) -> None:
         import numpy as np
 
         from funcnet import guards
@@ -154,7 +154,7 @@ class _Outputs:
             with open(self.staging / "params.npz", "xb") as f:
                 np.savez(f, **arrays)
                 _sync(f)
-            _plot_loss(history, self.staging / "loss.png")
+            _plot_loss(history, self.staging / "loss.png", steps)
             with open(self.staging / "loss.png", "rb") as f:
                 os.fsync(f.fileno())
             _fsync_dir(self.staging)
@@ -257,18 +257,25 @@ def _check_out(args) -> None:
                              f"or choose another --out")
 
 
-def _plot_loss(history, path: Path) -> None:
+def _plot_loss(history, path: Path, steps=()) -> None:
+    """The losses per epoch; with ``steps`` (``(step, loss)`` of --log-every) the training loss
+    per logged step too, against the step count (epochs at their last step)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = [r["epoch"] for r in history]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(epochs, [r["train_loss"] for r in history], label="train loss")
+    if steps:
+        ax.plot([s for s, _ in steps], [v for _, v in steps], label="train loss (logged steps)", alpha=0.6)
+        epochs, xlabel = [r["step"] for r in history], "optimizer step"
+        ax.plot(epochs, [r["train_loss"] for r in history], "o", label="train loss (epoch mean)")
+    else:
+        epochs, xlabel = [r["epoch"] for r in history], "epoch"
+        ax.plot(epochs, [r["train_loss"] for r in history], label="train loss")
     if history and "test_loss" in history[0]:
-        ax.plot(epochs, [r["test_loss"] for r in history], label="test loss")
-    ax.set_xlabel("epoch")
+        ax.plot(epochs, [r["test_loss"] for r in history], "o-" if steps else "-", label="test loss")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("cross entropy")
     ax.legend()
     fig.tight_layout()

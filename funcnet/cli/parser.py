@@ -91,6 +91,32 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+# float32's smallest normal number: logits divided by a temperature below it overflow to inf (or, flushed
+# to zero, give 0/0), and the sample turns into the id of NaN's argmax: newlines
+TEMPERATURE_MIN = 1.1754943508222875e-38
+# the most characters one `funcnet sample` writes: each is one forward pass of the model, and the
+# text is printed once it is complete
+TOKENS_MAX = 100_000
+
+
+def _temperature(text: str) -> float:
+    value = _non_negative_float(text)
+    if 0 < value < TEMPERATURE_MIN:
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (greedy) or a temperature of at least {TEMPERATURE_MIN:.4g} (float32's smallest normal "
+            f"number), got {value:g}: the logits divided by it overflow; pass 0 for the likeliest character each time")
+    return value
+
+
+def _tokens(text: str) -> int:
+    value = _positive_int(text)
+    if value > TOKENS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {TOKENS_MAX} characters, got {value}: each is one forward pass of the model and "
+            f"nothing is printed before the last; sample in pieces, each --prompt the end of the last")
+    return value
+
+
 def _resume_mode(text: str) -> str:
     if text != "auto":
         raise argparse.ArgumentTypeError(f"expected nothing or 'auto', got {text!r}")
@@ -126,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-steps", type=_positive_int, default=None, metavar="N",
                    help="stop after N optimizer steps in all (across epochs, even inside one), then write the outputs "
                         "and the checkpoint as at a normal end; --epochs still caps the run (default: no limit)")
+    t.add_argument("--log-every", type=_positive_int, default=None, metavar="N",
+                   help="print the training loss every N optimizer steps (the mean of those N steps), and draw it "
+                        "per step in loss.png; the epoch then runs in stretches of N steps, with the same result "
+                        "(default: none, one line per epoch)")
     t.add_argument("--batch-size", type=_positive_int, default=32,
                    help="examples per optimizer step, over all devices (default %(default)s)")
     t.add_argument("--lr", type=_learning_rate, default=1e-3, help="learning rate (default %(default)s)")
@@ -181,9 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(the newest checkpoint).")
     s.add_argument("run_dir", metavar="RUN_DIR", help="the run's --out folder or --checkpoint-dir")
     s.add_argument("--prompt", default="", help="text to continue (default: none; starts after a newline)")
-    s.add_argument("--tokens", type=_positive_int, default=200, metavar="N",
-                   help="characters to sample (default %(default)s)")
-    s.add_argument("--temperature", type=_non_negative_float, default=0.8, metavar="T",
+    s.add_argument("--tokens", type=_tokens, default=200, metavar="N",
+                   help=f"characters to sample, at most {TOKENS_MAX} (default %(default)s)")
+    s.add_argument("--temperature", type=_temperature, default=0.8, metavar="T",
                    help="divides the logits; 0 takes the likeliest character each time (greedy, deterministic) "
                         "(default %(default)s)")
     s.add_argument("--top-k", type=_positive_int, default=10, metavar="K",

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from funcnet.cli.errors import EXIT_ERROR, UsageError
 from funcnet.cli.outputs import refuse_overwriting_inputs, write_atomic
-from funcnet.cli.parser import join_negative_values
+from funcnet.cli.parser import SEED_MAX, join_negative_values
 
 __all__ = ["main", "build_parser"]
 
@@ -56,12 +56,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-dtype", action="append", choices=["float", "long"], default=None,
                    help="float (random normal) or long (integer tokens in [0, 2)); once for every input, "
                         "or once per --input-shape (default: float)")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=_seed, default=0,
                    help="seed of the example inputs and of torch's initial weights (default %(default)s)")
     p.add_argument("--out", required=True, help="the .py file to write (required)")
     p.add_argument("--weights", default=None,
                    help="also write the state_dict to this .safetensors file (default: none, no weights file)")
     return p
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {SEED_MAX}], got "
+                                         f"{text!r}")
+    return value
 
 
 def _target(text: str) -> tuple[str, str]:
@@ -176,13 +187,23 @@ def _check_hf(args) -> dict:
 
 def _build_hf(folder: str):
     """The torch model of a checkpoint folder and its example input (``interop.hf``'s)."""
+    import transformers
+
     from funcnet.interop.hf import _example, _torch_model
 
+    # the command's own one line: not transformers' load report (a table on stderr) nor its progress bars
+    verbosity, bars = transformers.logging.get_verbosity(), not transformers.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     try:
         torch_model, config = _torch_model(folder)
     except (OSError, ValueError) as e:  # transformers' own reading errors: a file missing or malformed
         raise UsageError(f"--hf {folder}: transformers could not load it: {type(e).__name__}: "
                          f"{' '.join(str(e).split())[:300]}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if not bars:
+            transformers.logging.enable_progress_bar()
     return torch_model, _example(torch_model, config)
 
 
@@ -266,7 +287,46 @@ def run(argv: Sequence[str]) -> str:
     except Exception as e:
         raise UsageError(f"{plan['name']}'s forward failed on example inputs ({shapes}): {type(e).__name__}: {e}; "
                          f"pass the shapes (and --input-dtype) forward expects") from None
-    return _write(args, module, source)
+    summary = _write(args, module, source)
+    branches = _shape_branches(module)
+    if branches:
+        more = f" (and {len(branches) - 1} more)" if len(branches) > 1 else ""
+        summary += (f"; note: forward branches on a shape at {branches[0]}{more}: the port keeps the branch that "
+                    f"{shapes} took, so check it on the other shapes it will see")
+    return summary
+
+
+_SHAPE_READS = ("shape", "size", "dim", "ndim", "numel")
+
+
+def _shape_branches(module) -> list[str]:
+    """``"FILE:LINE: if ..."`` for each ``if``, ``while`` or ``x if c else y`` in the forward of
+    the user's own classes whose test reads a shape (``.shape``, ``.size()``, ``len(...)``):
+    the recording follows the branch the example inputs took, and the port has no ``if``."""
+    import ast
+    import inspect
+    import textwrap
+
+    found, seen = [], set()
+    for m in module.modules():
+        cls = type(m)
+        if cls in seen or cls.__module__.startswith("torch."):
+            continue
+        seen.add(cls)
+        try:
+            lines, first = inspect.getsourcelines(cls.forward)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            path = inspect.getsourcefile(cls.forward)
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.If, ast.While, ast.IfExp)):
+                continue
+            reads = [n for n in ast.walk(node.test) if (isinstance(n, ast.Attribute) and n.attr in _SHAPE_READS)
+                     or (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "len")]
+            if reads:
+                found.append(f"{os.path.basename(path)}:{first + node.lineno - 1} ({ast.unparse(node.test)})")
+    return found
 
 
 def _write(args, module, source: str) -> str:
@@ -278,10 +338,19 @@ def _write(args, module, source: str) -> str:
         from funcnet.interop.weights.state_dict import _nest, _to_numpy
 
         tree = _nest(((k, _to_numpy(v)) for k, v in module.state_dict().items()), "funcnet port")
-        interop.save_safetensors(args.weights, tree)
-    write_atomic(args.out, source)
+        _written("--weights", args.weights, lambda: interop.save_safetensors(args.weights, tree))
+    _written("--out", args.out, lambda: write_atomic(args.out, source))
     lines = source.count("\n")
     return f"wrote {args.out} ({lines} lines)" + (f" and {args.weights}" if args.weights else "")
+
+
+def _written(flag: str, path: str, write) -> None:
+    """``write()``, its OSError (a full disk, a folder made read-only meanwhile) as one line naming the file."""
+    try:
+        write()
+    except OSError as e:
+        raise OSError(e.errno, f"{flag} {path}: could not write it: {e.strerror or e}; the file that was there (if "
+                               f"any) is left as it was: free space there or pass a path on another disk") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

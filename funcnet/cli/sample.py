@@ -33,8 +33,11 @@ def load_run(run_dir: str):
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f"{path / 'metrics.json'} is not the metrics.json funcnet train writes ({e}); pass an "
                              f"untouched --out folder") from None
+        if not isinstance(config, dict):
+            raise UsageError(f"{path / 'metrics.json'} is not the metrics.json funcnet train writes (its config is "
+                             f"{type(config).__name__}, not an object); pass an untouched --out folder")
         _check_text_model(config, run_dir)
-        model = _model(config)
+        model = _model(config, path / "metrics.json")
         return config, model, _from_npz(path / "params.npz", model)
     newest = checkpoint.latest_step(path)
     if newest is None:
@@ -46,7 +49,7 @@ def load_run(run_dir: str):
         raise UsageError(f"{checkpoint.checkpoint_path(path, newest)} was not written by funcnet train (no flags in "
                          f"its metadata); pass a funcnet train --checkpoint-dir or --out folder")
     _check_text_model(config, run_dir)
-    model = _model(config)
+    model = _model(config, checkpoint.checkpoint_path(path, newest))
     return config, model, _from_checkpoint(path, newest, model, config)
 
 
@@ -57,11 +60,16 @@ def _check_text_model(config: dict, run_dir: str) -> None:
                          f"--model gpt or --model lstm run (funcnet train --model gpt --out DIR)")
 
 
-def _model(config: dict):
+def _model(config: dict, source: Path):
     from funcnet import text
     from funcnet.cli.train import text_model
 
-    return text_model(SimpleNamespace(**config), text.vocabulary().size)
+    try:
+        return text_model(SimpleNamespace(**config), text.vocabulary().size)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:  # a flag missing, or a value of another type
+        raise UsageError(f"{source}: the run's flags there do not build a model ({type(e).__name__}: {e}); the file "
+                         f"was edited or is not funcnet train's: pass an untouched --out folder or --checkpoint-dir") \
+            from None
 
 
 def _template(model):
@@ -76,13 +84,22 @@ def _from_npz(path: Path, model):
     from funcnet import load_state_dict
     from funcnet.state import StateDictError
 
-    with np.load(path) as saved:
-        arrays = {k: saved[k] for k in saved.files}
+    import zipfile
+
+    try:
+        with np.load(path) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:  # cut short, or a byte changed (the CRC)
+        raise UsageError(f"{path} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]}); it is not the "
+                         f"params.npz funcnet train wrote: train again, or sample from the run's --checkpoint-dir") \
+            from None
     try:
         return load_state_dict(_template(model), arrays)
     except StateDictError as e:
-        raise UsageError(f"{path} does not fit {model.name} built from its metrics.json ({e}); the vocabulary is "
-                         f"this Python's documentation's, so sample with the Python version that trained it") from None
+        raise UsageError(f"{path} does not fit {model.name} built from its metrics.json ({e}); either metrics.json "
+                         f"was edited (pass an untouched --out folder) or the run was trained under another Python "
+                         f"version (the vocabulary is this Python's documentation's: sample with the one that trained "
+                         f"it)") from None
 
 
 def _from_checkpoint(path: Path, step: int, model, config: dict):
@@ -115,4 +132,18 @@ def sample_command(args) -> str:
                         temperature=1.0 if greedy else args.temperature, top_k=args.top_k, greedy=greedy,
                         block_size=config["block_size"])
     print(out)
+    sampled = out[len(args.prompt):] if args.prompt else out
+    if sampled and not sampled.strip():
+        import sys
+
+        kind = "greedy " if greedy else ""
+        print(f"funcnet sample: note: the {len(sampled)} {kind}sampled characters are all blanks ({_blanks(sampled)}): "
+              f"the model in {args.run_dir} predicts nothing but whitespace, so it is undertrained; train it longer "
+              f"(more --epochs or --max-steps)" + ("" if not greedy else " or sample with --temperature 0.8"),
+              file=sys.stderr)
     return out
+
+
+def _blanks(text: str) -> str:
+    names = {" ": "spaces", "\n": "newlines", "\t": "tabs"}
+    return ", ".join(names.get(c, repr(c)) for c in sorted(set(text)))

@@ -49,11 +49,12 @@ def _stream(args, records, x_tr, y_tr):
 
     directory = Path(args.stream)
     if records is None:
-        for kind, stale in _Outputs(directory)._stale():  # what killed writers left (dead PIDs only)
-            if kind == "tmp":
-                shutil.rmtree(stale, ignore_errors=True)
         staging = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         try:
+            directory.parent.mkdir(parents=True, exist_ok=True)  # created if missing, as --out and --checkpoint-dir
+            for kind, stale in _Outputs(directory)._stale():  # what killed writers left (dead PIDs only)
+                if kind == "tmp":
+                    shutil.rmtree(stale, ignore_errors=True)
             shards = min(4, len(x_tr))
             loader.write_records(staging, x_tr, y_tr, shards=shards)  # float32 as loaded: the same bits as in memory
             os.rename(staging, directory)  # onto a missing or empty folder

@@ -31,7 +31,7 @@ _NOT_YET: dict[str, tuple] = {}
 # Flags that decide how a run is saved, never its numbers: left out of metrics.json, so
 # a resumed run writes the same file as an uninterrupted one.
 _NOT_IN_RESULT = ("command", "quiet", "out", "checkpoint_dir", "resume", "checkpoint_every", "workers",
-                  "verify_records")
+                  "verify_records", "log_every")
 
 
 def _reject_unsupported(args) -> None:
@@ -133,12 +133,15 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         on_epoch, on_steps, every = (resume_kwargs.pop(k, None) for k in ("on_epoch", "on_steps", "every_steps"))
         if on_steps is not None and args.max_steps is not None:
             every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
-        hooks = Callback(on_epoch, on_steps if every else None, every)
+        hooks = [Callback(on_epoch, on_steps if every else None, every)]
+        logged: list[tuple[int, float]] = []  # (step, mean loss of the N steps before it) for --log-every
+        if args.log_every is not None:
+            hooks.append(Callback(None, _step_logger(args.log_every, logged), args.log_every))
         parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
         # --stream: the Loader is the training data (its order and position: state.step)
         state, history = train.fit(model, tx, (x_tr, y_tr) if stream is None else stream, (x_te, y_te),
                                    batch_size=args.batch_size, precision=Precision(policy, loss_scale),
-                                   callbacks=[hooks], **parallel, max_steps=args.max_steps, **common,
+                                   callbacks=hooks, **parallel, max_steps=args.max_steps, **common,
                                    **resume_kwargs)
     run.training = False
     run.check_pending()  # SIGTERM after the last checkpoint: stop before touching --out
@@ -155,7 +158,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
     # torch's state_dict: parameters and buffers (BatchNorm's running statistics), torch's keys
     arrays = state_dict(state.params, state.model_state, model=model)
     run.check_pending()  # a SIGTERM whose exception was swallowed since: --out stays as it was
-    outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept())
+    outputs.commit(metrics, {k: np.asarray(v) for k, v in arrays.items()}, history, kept=run.kept(), steps=logged)
     run.wrote_out = True
     final = metrics["final"]
     ran = f"{args.epochs} epochs"
@@ -165,6 +168,22 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
           f"test accuracy {final.get('test_accuracy', float('nan')):.4f}; wrote {outputs.out}/metrics.json, "
           f"params.npz, loss.png")
     return metrics
+
+
+def _step_logger(every: int, logged: list):
+    """``on_steps`` of --log-every: one line per ``every`` steps, the mean training loss of those
+    steps (the per-step losses of the epoch so far are the position's metrics)."""
+    import numpy as np
+
+    def on_steps(state, position):
+        step = int(state.step)
+        losses = np.asarray(position.metrics["loss"], np.float64)[-every:] if position.metrics else np.array([])
+        if losses.size:
+            logged.append((step, float(losses.mean())))
+            print(f"step {step} (epoch {position.epoch + 1}): train loss {losses.mean():.4f} (mean of steps "
+                  f"{step - losses.size + 1}-{step})", flush=True)
+
+    return on_steps
 
 
 SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 10

@@ -52,7 +52,49 @@ def _torch_model(path: str):
                               f"and transformers {transformers.__version__} has no such class; save the model with "
                               f"save_pretrained (it writes its class there), or build it yourself and use "
                               f"interop.convert")
-    return cls.from_pretrained(path, local_files_only=True, use_cache=False).eval(), config
+    try:
+        model = cls.from_pretrained(path, local_files_only=True, use_cache=False)
+    except Exception as e:  # noqa: BLE001 - named below, or passed on as it was
+        if type(e).__name__ == "SafetensorError":  # safetensors' own: a file cut short or a damaged header
+            raise ConversionError(f"from_pretrained: {_weights_file(path)} is damaged ({' '.join(str(e).split())}); "
+                                  f"it is not a whole safetensors file: save the model again with save_pretrained, "
+                                  f"or copy the file again") from None
+        mismatch = _first_mismatch(cls, config, path) if isinstance(e, RuntimeError) else None
+        if mismatch is None:
+            raise
+        raise ConversionError(f"from_pretrained: {os.path.join(path, 'config.json')} does not match the weights in "
+                              f"{_weights_file(path)}: {mismatch}; use the config.json saved with these weights "
+                              f"(save_pretrained writes both)") from None
+    return model.eval(), config
+
+
+def _weights_file(path: str) -> str:
+    """The weights file(s) of a checkpoint folder, for messages."""
+    names = sorted(n for n in os.listdir(path) if n.endswith((".safetensors", ".bin")))
+    return os.path.join(path, names[0]) if len(names) == 1 else f"the weights files of {path} ({', '.join(names)})"
+
+
+def _first_mismatch(cls, config, path: str) -> str | None:
+    """``"KEY: the file holds [..], config.json makes [..] (and N more)"`` for a checkpoint whose
+    config builds parameters of other shapes than its safetensors files hold; None if none differ."""
+    import torch
+    from safetensors import safe_open
+
+    try:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
+        held = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                with safe_open(os.path.join(path, name), framework="pt") as f:
+                    held.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+    except Exception:  # noqa: BLE001 - the comparison is a courtesy; the original error stands
+        return None
+    bad = [k for k in held if k in expected and held[k] != expected[k]]
+    if not bad:
+        return None
+    more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+    return (f"{bad[0]}: the file holds {list(held[bad[0]])}, config.json makes {list(expected[bad[0]])}{more}")
 
 
 def _example(torch_model, config) -> dict:

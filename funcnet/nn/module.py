@@ -59,6 +59,15 @@ class Module(NamedTuple):
     name: str = "Module"
     batch_axis: int | None = 0
 
+    def __call__(self, *inputs, **kwargs):
+        """Not torch's ``model(x)``: a funcnet module holds no weights, so say how it is called."""
+        head = self.name.split("(")[0]
+        how = ("y, state = model.apply(params, x, state=state) with state = model.init_state(), or "
+               "nn.call(model, params, state, x)" if self.has_state else
+               "model.apply(params, x), or nn.call(model, params, {}, x) for any module")
+        raise TypeError(f"{head} is a funcnet module, not a torch one: it holds no weights, so it is not called as "
+                        f"model(x); call {how}, with params = model.init(jax.random.key(0))")
+
     @property
     def has_state(self) -> bool:
         """True when ``apply`` takes ``state=`` and returns ``(y, new_state)``."""

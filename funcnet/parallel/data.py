@@ -356,8 +356,11 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
     Arguments left out are read from FUNCNET_COORDINATOR ("host:port" of process 0),
     FUNCNET_NUM_PROCESSES and FUNCNET_PROCESS_ID. If the others do not all join within
-    ``initialization_timeout`` seconds, or a peer stops answering for ``heartbeat_timeout``
-    seconds mid-run, JAX's runtime stops this process with an error naming the cause.
+    ``initialization_timeout`` seconds, the process ends with exit status 2 and one line on
+    stderr naming the coordinator, the count and the fix (JAX's runtime would abort it a
+    little later with a stack trace; a failed join cannot be undone in a live process). A
+    peer that stops answering for ``heartbeat_timeout`` seconds mid-run makes JAX's runtime
+    stop this process with an error naming the cause.
     CPU collectives go through gloo. torch counterpart: ``dist.init_process_group``.
     """
     address = _setting(coordinator_address, "FUNCNET_COORDINATOR", "coordinator_address")
@@ -372,9 +375,30 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                           ("heartbeat_timeout", heartbeat_timeout), ("shutdown_timeout", shutdown_timeout)):
         _count(seconds, name)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(address, count, int(rank), initialization_timeout=initialization_timeout,
-                               heartbeat_timeout_seconds=heartbeat_timeout,
-                               shutdown_timeout_seconds=shutdown_timeout)
+    import sys
+    import threading
+
+    joined = threading.Event()
+
+    def never_joined():  # before JAX's own deadline, which aborts the process with a C++ stack trace
+        if not joined.is_set():
+            sys.stderr.write(f"initialize: process {rank} waited {initialization_timeout} s for all {count} processes "
+                             f"at the coordinator {address} and they did not all join; start every process "
+                             f"(process_id 0..{count - 1}) with the same coordinator_address and num_processes, "
+                             f"process 0 first, or raise initialization_timeout\n")
+            sys.stderr.flush()
+            os._exit(2)
+
+    watchdog = threading.Timer(initialization_timeout, never_joined)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        jax.distributed.initialize(address, count, int(rank), initialization_timeout=initialization_timeout + 30,
+                                   heartbeat_timeout_seconds=heartbeat_timeout,
+                                   shutdown_timeout_seconds=shutdown_timeout)
+    finally:
+        joined.set()
+        watchdog.cancel()
     if jax.process_count() != count:
         raise RuntimeError(f"process {rank} was started with num_processes={count} but the coordinator at "
                            f"{address} runs {jax.process_count()} processes; start every process with the "
