@@ -32,10 +32,17 @@ def _gpt2():
         initializer_range=0.5))
 
 
-@pytest.fixture(scope="module", params=["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def _bloom():
+    # its attention calls torch.baddbmm(alibi, batch1=q, batch2=k): the arguments by keyword
+    return transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=2, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, initializer_range=0.5))
+
+
+@pytest.fixture(scope="module", params=["llama", "bloom", pytest.param("gpt2", marks=pytest.mark.slow)])
 def saved(request, tmp_path_factory):
     torch.manual_seed(0)
-    module = {"llama": _llama, "gpt2": _gpt2}[request.param]()
+    module = {"llama": _llama, "gpt2": _gpt2, "bloom": _bloom}[request.param]()
     folder = tmp_path_factory.mktemp(request.param)
     module.save_pretrained(folder)
     model, params, state, torch_model = interop.from_pretrained(folder)

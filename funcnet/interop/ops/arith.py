@@ -344,7 +344,8 @@ def _register_table():
     register(_names("fmod"), fmod, lambda a, k: call("jnp.fmod", a, k))
     register(_names("neg") + _names("negative") + ["Tensor.__neg__"], neg, lambda a, k: f"-{strong(a[0])}")
     register(["Tensor.__pos__", "Tensor.positive", "torch.positive"], lambda input: input, lambda a, k: a[0])
-    register(_names("addmm") + _names("baddbmm"), addmm, None)
+    register(_names("addmm"), addmm, None)
+    register(_names("baddbmm"), baddbmm, None)  # its own names: torch passes batch1=, batch2= by keyword
     register(_names("outer") + _names("ger"), outer, lambda a, k: call("jnp.outer", a))
     register(_names("clamp") + _names("clip"), clamp, None)
     register(_names("clamp_min"), lambda input, min: clamp(input, min=min), lambda a, k: call("jnp.maximum", a))
