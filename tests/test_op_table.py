@@ -12,6 +12,7 @@ new value of each mutated argument.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 
@@ -675,36 +676,129 @@ def _clone(value):
     return value
 
 
-def run_case(name: str, case: C, index: int) -> None:
-    op = ops.OPS[name]
-    rng = np.random.default_rng(index)
-    args, kwargs = _materialise(case.args, rng), _materialise(case.kwargs, rng)
-    t_args, t_kwargs = _side(args, True), _side(kwargs, True)
-    where = f"{name} case {index} ({', '.join([repr(getattr(a, 'shape', a)) for a in args] + [f'{k}=' for k in kwargs])})"
+class _Call:
+    """One case, ready: torch's result, and the rule's call with its array arguments as leaves."""
+
+    def __init__(self, name: str, case: C, index: int):
+        self.name, self.case, self.index, self.op = name, case, index, ops.OPS[name]
+        rng = np.random.default_rng(index)
+        args, kwargs = _materialise(case.args, rng), _materialise(case.kwargs, rng)
+        self.t_args, self.t_kwargs = _side(args, True), _side(kwargs, True)
+        self.where = (f"{name} case {index} ("
+                      f"{', '.join([repr(getattr(a, 'shape', a)) for a in args] + [f'{k}=' for k in kwargs])})")
+        j_args, j_kwargs = _side(args, False), _side(kwargs, False)
+        if self.op.random:
+            j_kwargs["key"] = jax.random.key(index)
+        leaves, self.treedef = jax.tree.flatten((j_args, j_kwargs), is_leaf=lambda v: v is None)
+        self.is_array = [isinstance(v, jax.Array) for v in leaves]
+        self.arrays = [v for v, a in zip(leaves, self.is_array) if a]
+        self.static = [None if a else v for v, a in zip(leaves, self.is_array)]
+        self.want = self.error = self.got = None
+        if isinstance(case, X):
+            _torch_callable(name)(*self.t_args, **self.t_kwargs)  # torch accepts it
+            return
+        torch.manual_seed(index)
+        self.want = _torch_callable(name)(*self.t_args, **self.t_kwargs)
+
+    def call(self, arrays):
+        """The rule on ``arrays`` (traced or not), its Python arguments as given."""
+        it = iter(arrays)
+        leaves = [next(it) if a else v for v, a in zip(self.static, self.is_array)]
+        j_args, j_kwargs = jax.tree.unflatten(self.treedef, leaves)
+        return self.op.fn(*j_args, **j_kwargs)
+
+
+_ARRAY = object()  # where an array leaf was
+
+
+def _split(out):
+    leaves, treedef = jax.tree.flatten(out, is_leaf=lambda v: v is None)
+    arrays = [v for v in leaves if isinstance(v, jax.Array)]
+    return arrays, (treedef, [_ARRAY if isinstance(v, jax.Array) else v for v in leaves])
+
+
+@functools.cache
+def _table() -> dict:
+    """Every case of every rule, torch's side eagerly and the rules' in ONE compiled program:
+    XLA:CPU compiles each eager primitive on its own (tens of ms each, thousands of shapes and
+    dtypes), where one program of them all compiles once. A rule that cannot be traced (it reads
+    a value) is run eagerly instead; a rule that raises keeps its error for its own test."""
+    with jax.enable_x64(True):
+        calls = [_Call(name, case, i) for name in sorted(ops.OPS) if name in CASES
+                 for i, case in enumerate(CASES[name])]
+        structures: dict = {}
+        failed: dict = {}
+
+        # aliases (Tensor.add, torch.add, __add__...) share a rule and their cases: the rule runs once
+        # per (function, case); each alias still meets torch's own op
+        first: dict = {}
+        for k, call in enumerate(calls):
+            first.setdefault((id(call.op.fn), id(call.case), call.index), k)
+
+        def program(all_arrays, ks):
+            outs = []
+            for k, arrays in zip(ks, all_arrays):
+                call = calls[k]
+                same = first[(id(call.op.fn), id(call.case), call.index)]
+                if isinstance(call.case, X) or same != k:
+                    outs.append([])
+                    continue
+                try:
+                    arrays_out, structures[k] = _split(call.call(arrays))
+                except Exception as error:  # noqa: BLE001 (kept for the rule's own test)
+                    failed[k] = error
+                    arrays_out = []
+                outs.append(arrays_out)
+            return outs
+
+        ks = list(range(len(calls)))
+        results = jax.jit(lambda arrays: program(arrays, ks))([call.arrays for call in calls])
+        for k, call in enumerate(calls):
+            k = first[(id(call.op.fn), id(call.case), call.index)]
+            out = results[k]
+            if isinstance(call.case, X):
+                try:
+                    jax.eval_shape(call.call, call.arrays)
+                except (ValueError, TypeError) as error:
+                    call.error = error
+                continue
+            if k in failed:
+                try:  # a rule that needs concrete values (none should: converted models run jitted)
+                    call.got = call.call(call.arrays)
+                    call.eager = True
+                except Exception as error:  # noqa: BLE001
+                    call.error = error
+                continue
+            treedef, static = structures[k]
+            it = iter(out)
+            call.got = jax.tree.unflatten(treedef, [next(it) if v is _ARRAY else v for v in static])
+    table: dict = {}
+    for call in calls:
+        table.setdefault(call.name, []).append(call)
+    return table
+
+
+def check(call: _Call) -> None:
+    name, case, where = call.name, call.case, call.where
     if isinstance(case, X):
-        _torch_callable(name)(*t_args, **t_kwargs)  # torch accepts it
-        with pytest.raises((ValueError, TypeError)):
-            op.fn(*_side(args, False), **_side(kwargs, False))
+        assert isinstance(call.error, (ValueError, TypeError)), f"{where}: the rule should refuse this call"
         return
-    j_args, j_kwargs = _side(args, False), _side(kwargs, False)
-    torch.manual_seed(index)
-    want = _torch_callable(name)(*t_args, **t_kwargs)
-    if op.random:
-        j_kwargs["key"] = jax.random.key(index)
-    got = op.fn(*j_args, **j_kwargs)
+    if call.error is not None:
+        raise call.error
+    got, want, op = call.got, call.want, call.op
     random = isinstance(case, R)
     if op.mutates:
         got, new = got
-        places = ops.mutated_places(op, t_args, t_kwargs)
+        places = ops.mutated_places(op, call.t_args, call.t_kwargs)
         for place, value in zip(places, new):
-            t_arg = t_args[place] if isinstance(place, int) else t_kwargs.get(place)
+            t_arg = call.t_args[place] if isinstance(place, int) else call.t_kwargs.get(place)
             if t_arg is None:
                 continue
             _same(value, t_arg, f"{where}: the new value of argument {place}")
     elif name.startswith("Tensor.") and name.endswith("_") and not name.endswith("__"):
         # an in-place method: the rule returns the new value; torch's result is the mutated tensor itself
-        assert want is t_args[0]
-    if name.startswith(("Tensor.__setitem__",)):
+        assert want is call.t_args[0]
+    if name.startswith("Tensor.__setitem__"):
         assert got is None and want is None
         return
     _same(got, want, where, exact_values=not random)
@@ -714,19 +808,30 @@ def run_case(name: str, case: C, index: int) -> None:
         assert abs(g - w) <= case.tol, f"{where}: statistic {g:.4f}, torch's {w:.4f} (tolerance {case.tol})"
 
 
-@pytest.mark.parametrize("name", sorted(ops.OPS))
-def test_rule_matches_torch(name):
-    assert name in CASES, (f"the op rule {name!r} has no entry in tests/test_op_table.py's CASES: add its calls "
-                           f"(positional and keyword arguments, broadcasting, the dtypes it claims)")
-    assert CASES[name], f"{name}: an entry with no calls tests nothing"
-    with jax.enable_x64(True):
-        for i, case in enumerate(CASES[name]):
-            run_case(name, case, i)
-
-
-def test_every_rule_has_an_entry_and_no_entry_names_a_rule_that_is_gone():
+def test_every_registered_rule_has_a_table_entry():
     missing, stale = sorted(set(ops.OPS) - set(CASES)), sorted(set(CASES) - set(ops.OPS))
-    calls = sum(len(CASES[n]) for n in ops.OPS if n in CASES)
-    print(f"op table: {len(ops.OPS)} registered rules, {len(CASES)} with entries, {calls} calls against torch")
-    assert not missing and not stale, (missing, stale)
+    assert not missing, (f"op rules with no entry in tests/test_op_table.py's CASES: {missing}; add their calls "
+                         f"(positional and keyword arguments, broadcasting, the dtypes they claim)")
+    assert not stale, f"CASES names rules that are not registered (renamed or removed?): {stale}"
+    assert all(CASES.values()), [n for n, c in CASES.items() if not c]
     assert len(ops.OPS) >= 570  # the table's size when this test was written: a sudden drop is a lost module
+
+
+def test_every_rule_matches_torch():
+    # one test, not one per rule: the rules run in one compiled program, built once per process
+    # (parametrized items would be spread over pytest-xdist's workers, each building it again)
+    table = _table()
+    failures = {}
+    with jax.enable_x64(True):
+        for name, calls in table.items():
+            try:
+                for call in calls:
+                    check(call)
+            except Exception as error:  # noqa: BLE001 (every failing rule is reported, not the first)
+                failures[name] = f"{type(error).__name__}: {str(error).strip()[:400]}"
+    runs = sum(len(c) for c in table.values())
+    eager = sorted({c.name for v in table.values() for c in v if getattr(c, "eager", False)})
+    print(f"op table: {len(table)} of {len(ops.OPS)} registered rules run, {runs} calls against torch, "
+          f"{len(failures)} failing; run eagerly (not traceable): {eager}")
+    assert len(table) == len(ops.OPS)
+    assert not failures, "\n".join(f"{n}: {m}" for n, m in failures.items())
