@@ -97,7 +97,7 @@ def _materialise(value, rng):
 
 def _side(value, torch_side: bool):
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy()) if torch_side else jnp.asarray(value)
+        return torch.from_numpy(value.copy()) if torch_side else jax.device_put(value)  # no compile, as asarray's
     if isinstance(value, D):
         return (_TORCH_DT if torch_side else _JAX_DT)[value.dtype]
     if value is DEV:
@@ -688,7 +688,9 @@ class _Call:
                       f"{', '.join([repr(getattr(a, 'shape', a)) for a in args] + [f'{k}=' for k in kwargs])})")
         j_args, j_kwargs = _side(args, False), _side(kwargs, False)
         if self.op.random:
-            j_kwargs["key"] = jax.random.key(index)
+            # XLA's own generator: threefry's unrolled rounds cost most of the table's compile for the
+            # random rules, which check shapes, dtypes and statistics, not a particular stream
+            j_kwargs["key"] = jax.random.key(index, impl="rbg")
         leaves, self.treedef = jax.tree.flatten((j_args, j_kwargs), is_leaf=lambda v: v is None)
         self.is_array = [isinstance(v, jax.Array) for v in leaves]
         self.arrays = [v for v, a in zip(leaves, self.is_array) if a]
