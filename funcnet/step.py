@@ -87,7 +87,9 @@ def create_train_state(model: Module, tx: optax.GradientTransformation, key: jax
     if policy is not None:
         params = _precision.get_policy(policy).cast_to_param(params)
     model_state = initial_state(model) if model_state is None else _own_copy(model_state)
-    return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), key, loss_scale, _unshared(model_state))
+    # an optax state may hold one array twice (two moments from one zeros tree): each gets its own
+    return TrainState(params, _unshared(tx.init(params)), jnp.zeros((), jnp.int32), key, loss_scale,
+                      _unshared(model_state))
 
 
 def _own_copy(tree):

@@ -32,10 +32,17 @@ def _gpt2():
         initializer_range=0.5))
 
 
-@pytest.fixture(scope="module", params=["llama", pytest.param("gpt2", marks=pytest.mark.slow)])
+def _bloom():
+    # its attention calls torch.baddbmm(alibi, batch1=q, batch2=k): the arguments by keyword
+    return transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=2, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None, initializer_range=0.5))
+
+
+@pytest.fixture(scope="module", params=["llama", "bloom", pytest.param("gpt2", marks=pytest.mark.slow)])
 def saved(request, tmp_path_factory):
     torch.manual_seed(0)
-    module = {"llama": _llama, "gpt2": _gpt2}[request.param]()
+    module = {"llama": _llama, "gpt2": _gpt2, "bloom": _bloom}[request.param]()
     folder = tmp_path_factory.mktemp(request.param)
     module.save_pretrained(folder)
     model, params, state, torch_model = interop.from_pretrained(folder)
@@ -107,6 +114,32 @@ def test_port_hf_greedy_generation_of_20_tokens_equals_torch_generate(ported):
                                min_new_tokens=20)
     got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20)
     assert all(len(np.unique(row)) > 3 for row in want[:, 4:].numpy())  # varied, not one token repeated
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+
+
+def test_port_hf_of_bloom_generates_torchs_20_greedy_tokens(tmp_path):
+    # Bloom's attention calls torch.baddbmm(alibi, batch1=q, batch2=k): the port once wrote a call that raised
+    import safetensors.torch
+
+    import funcnet
+    from funcnet.cli import main
+
+    torch.manual_seed(0)
+    module = _bloom().eval()
+    module.save_pretrained(tmp_path / "checkpoint")
+    out, weights = tmp_path / "bloom.py", tmp_path / "bloom.safetensors"
+    assert main(["port", "--hf", str(tmp_path / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
+    scope: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), scope)  # noqa: S102 (the written module)
+    model = scope["BloomForCausalLM"]()
+    params = funcnet.load_state_dict(jax.eval_shape(model.init, jax.random.key(0)),
+                                     safetensors.torch.load_file(weights))
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        want = module.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20,
+                               min_new_tokens=20)
+    got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20)
+    assert all(len(np.unique(row)) > 3 for row in want[:, 5:].numpy())  # varied, not one token repeated
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 

@@ -16,7 +16,7 @@ from funcnet.interop.ops._core import DEFAULT_FLOAT, as_float, atom, call, liter
 from funcnet.nn import functional as F
 
 __all__ = ["add", "sub", "rsub", "mul", "div", "floor_divide", "remainder", "fmod", "pow", "rpow", "rtruediv",
-           "rfloordiv", "rmod", "neg", "matmul", "addmm", "baddbmm", "outer", "rsqrt", "erf", "erfc", "erfinv",
+           "rfloordiv", "rmod", "neg", "matmul", "mm", "addmm", "baddbmm", "outer", "rsqrt", "erf", "erfc", "erfinv",
            "clamp", "lerp", "addcmul", "addcdiv", "where", "tensor_where", "eq", "ne", "lt", "le", "gt", "ge",
            "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor",
            "bitwise_not", "maximum", "minimum", "round", "square", "einsum", "tril", "triu", "sign", "nan_to_num",
@@ -110,6 +110,11 @@ def neg(input, *, out=None):
 
 def matmul(input, other, *, out=None):
     return jnp.matmul(input, other)
+
+
+def mm(input, mat2, *, out=None):
+    """torch.mm / torch.bmm (``mat2=`` by keyword)."""
+    return jnp.matmul(input, mat2)
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
@@ -331,7 +336,7 @@ def _register_table():
     for fn, op, names, dunders in binaries:
         register([n for name in names for n in _names(name)] + [f"Tensor.{d}" for d in dunders], fn,
                  _binary_source(op, fn))
-    register(["Tensor.mm", "torch.mm", "Tensor.bmm", "torch.bmm"], matmul, _binary_source("@", matmul))
+    register(["Tensor.mm", "torch.mm", "Tensor.bmm", "torch.bmm"], mm, _binary_source("@", mm))
     register(["Tensor.__rsub__", "torch.rsub"], rsub, None)
     register(["Tensor.__rpow__"], rpow, _binary_source("**", rpow, rop=True))
     register(["Tensor.__rtruediv__", "Tensor.__rdiv__"], rtruediv, None)
@@ -344,7 +349,8 @@ def _register_table():
     register(_names("fmod"), fmod, lambda a, k: call("jnp.fmod", a, k))
     register(_names("neg") + _names("negative") + ["Tensor.__neg__"], neg, lambda a, k: f"-{strong(a[0])}")
     register(["Tensor.__pos__", "Tensor.positive", "torch.positive"], lambda input: input, lambda a, k: a[0])
-    register(_names("addmm") + _names("baddbmm"), addmm, None)
+    register(_names("addmm"), addmm, None)
+    register(_names("baddbmm"), baddbmm, None)  # its own names: torch passes batch1=, batch2= by keyword
     register(_names("outer") + _names("ger"), outer, lambda a, k: call("jnp.outer", a))
     register(_names("clamp") + _names("clip"), clamp, None)
     register(_names("clamp_min"), lambda input, min: clamp(input, min=min), lambda a, k: call("jnp.maximum", a))
@@ -392,7 +398,9 @@ def _register_table():
                    "softmax": ["Tensor.softmax", "torch.softmax", "torch.special.softmax"],
                    "log_softmax": ["Tensor.log_softmax", "torch.log_softmax", "torch.special.log_softmax"]}
     for name, names in activations.items():
-        register(names, getattr(F, name), (lambda n: lambda a, k: call(f"F.{n}", a, k))(name))
+        # torch.sigmoid and tanh of an integer tensor are float32, as torch.exp's
+        fn = unary(name, getattr(F, name)) if name in ("sigmoid", "tanh") else getattr(F, name)
+        register(names, fn, (lambda n: lambda a, k: call(f"F.{n}", a, k))(name))
 
 
 _register_table()

@@ -22,20 +22,25 @@ def _dt(dtype, default=DEFAULT_FLOAT):
     return jdtype(default if dtype is None else dtype)
 
 
-def zeros(*size, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
+def _size(args, size):
+    """A factory's size: ``f(2, 3)``, ``f((2, 3))`` or ``f(size=(2, 3))``."""
+    return sizes(args if size is None else (size,))
+
+
+def zeros(*args, size=None, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
           memory_format=None, names=None):
-    return jnp.zeros(sizes(size), _dt(dtype))
+    return jnp.zeros(_size(args, size), _dt(dtype))
 
 
-def ones(*size, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
+def ones(*args, size=None, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
          memory_format=None, names=None):
-    return jnp.ones(sizes(size), _dt(dtype))
+    return jnp.ones(_size(args, size), _dt(dtype))
 
 
-def empty(*size, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
+def empty(*args, size=None, dtype=None, out=None, layout=None, device=None, pin_memory=False, requires_grad=False,
           memory_format=None, names=None):
     """Uninitialised memory in torch: zeros here (a program must not read it before writing)."""
-    return jnp.zeros(sizes(size), _dt(dtype))
+    return jnp.zeros(_size(args, size), _dt(dtype))
 
 
 def _fill_dtype(fill_value):

@@ -15,7 +15,7 @@ from funcnet.nn import functional as F
 from funcnet.nn.functional.misc import drop, need_key
 
 __all__ = ["batch_norm", "instance_norm", "dropout1d", "dropout3d", "alpha_dropout", "torch_dropout",
-           "torch_embedding", "torch_batch_norm", "torch_layer_norm", "weight_norm"]
+           "torch_embedding", "torch_batch_norm", "torch_layer_norm", "torch_adaptive_max_pool1d", "weight_norm"]
 
 _RANDOM = {"dropout", "dropout2d", "stochastic_depth", "scaled_dot_product_attention"}
 _MUTATING = {"batch_norm", "instance_norm"}
@@ -92,6 +92,11 @@ def torch_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, 
     return F.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
+def torch_adaptive_max_pool1d(input, output_size):
+    """``torch.adaptive_max_pool1d(x, n)``: ``(values, indices)``, always."""
+    return F.adaptive_max_pool1d(input, output_size, return_indices=True)
+
+
 def weight_norm(v, g, dim=0):
     """``torch._weight_norm(v, g, dim)``: ``v * g / ||v||``, the norm over every axis but ``dim``
     (over all of ``v`` for ``dim=-1``), as torch.nn.utils.parametrizations.weight_norm computes the
@@ -107,6 +112,10 @@ def _register_table():
         fn = getattr(F, name)
         if name in _MUTATING:
             continue
+        if name in ("sigmoid", "tanh"):  # an integer tensor gives float32, as torch's
+            from funcnet.interop.ops.arith import unary
+
+            fn = unary(name, fn)
         register([f"F.{name}"], fn, (lambda n: lambda a, k: call(f"F.{n}", a, k))(name), random=name in _RANDOM)
     register(["F.batch_norm"], batch_norm, None, mutates=(1, 2))
     register(["F.instance_norm"], instance_norm, None, mutates=(1, 2))
@@ -118,10 +127,12 @@ def _register_table():
     register(["torch.embedding"], torch_embedding, None)
     register(["torch.layer_norm"], torch_layer_norm, lambda a, k: call("F.layer_norm", a[:5], {
         n: v for n, v in k.items() if n != "cudnn_enable"}))
+    # torch.adaptive_max_pool1d returns (values, indices), where F's returns the values unless asked
+    register(["torch.adaptive_max_pool1d"], torch_adaptive_max_pool1d, lambda a, k: call(
+        "F.adaptive_max_pool1d", a, {**k, "return_indices": "True"}))
     for name in ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
                  "pixel_shuffle", "pixel_unshuffle", "group_norm", "cosine_similarity", "pairwise_distance",
-                 "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "adaptive_avg_pool1d",
-                 "adaptive_max_pool1d", "instance_norm"):
+                 "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "adaptive_avg_pool1d", "instance_norm"):
         if hasattr(F, name) and name != "instance_norm":
             register([f"torch.{name}"], getattr(F, name), (lambda n: lambda a, k: call(f"F.{n}", a, k))(name))
 

@@ -23,14 +23,14 @@ def _float(dtype, default=DEFAULT_FLOAT):
     return jdtype(default if dtype is None else dtype)
 
 
-def rand(*size, dtype=None, generator=None, out=None, layout=None, device=None, pin_memory=False,
+def rand(*args, size=None, dtype=None, generator=None, out=None, layout=None, device=None, pin_memory=False,
          requires_grad=False, key=None):
-    return jax.random.uniform(_need(key, "rand"), sizes(size), _float(dtype))
+    return jax.random.uniform(_need(key, "rand"), sizes(args if size is None else (size,)), _float(dtype))
 
 
-def randn(*size, dtype=None, generator=None, out=None, layout=None, device=None, pin_memory=False,
+def randn(*args, size=None, dtype=None, generator=None, out=None, layout=None, device=None, pin_memory=False,
           requires_grad=False, key=None):
-    return jax.random.normal(_need(key, "randn"), sizes(size), _float(dtype))
+    return jax.random.normal(_need(key, "randn"), sizes(args if size is None else (size,)), _float(dtype))
 
 
 def randint(*args, dtype=None, generator=None, out=None, layout=None, device=None, pin_memory=False,

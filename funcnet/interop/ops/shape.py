@@ -18,8 +18,10 @@ __all__ = ["view", "view_as", "permute", "transpose", "t", "T", "mT", "flatten",
            "diagonal", "diag", "meshgrid", "broadcast_tensors"]
 
 
-def view(input, *shape):
-    """``x.view(2, -1)`` or ``x.view((2, -1))``: a reshape (JAX arrays have no strides)."""
+def view(input, *size, shape=None):
+    """``x.view(2, -1)``, ``x.view((2, -1))`` or ``torch.reshape(x, shape=(2, -1))``: a reshape (JAX
+    arrays have no strides)."""
+    shape = size if shape is None else (shape,)
     if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list)):
         raise TypeError(f"view(dtype) reinterprets bits ({shape[0]!r}); it is not supported: use .to(dtype) to convert "
                         f"values")
@@ -30,8 +32,9 @@ def view_as(input, other):
     return jnp.reshape(input, jnp.shape(other))
 
 
-def permute(input, *dims):
-    return jnp.transpose(input, sizes(dims))
+def permute(input, *dims_, dims=None):
+    """``x.permute(2, 0, 1)``, ``x.permute((2, 0, 1))`` or ``torch.permute(x, dims=(2, 0, 1))``."""
+    return jnp.transpose(input, sizes(dims_ if dims is None else (dims,)))
 
 
 def transpose(input, dim0, dim1):
@@ -189,8 +192,9 @@ def narrow(input, dim, start, length):
     return jax.lax.slice_in_dim(x, start, start + length, axis=dim % x.ndim)
 
 
-def flip(input, *dims):
-    return jnp.flip(input, sizes(dims))
+def flip(input, *dims_, dims=None):
+    """``x.flip(0, 2)``, ``x.flip((0, 2))`` or ``torch.flip(x, dims=(0, 2))``."""
+    return jnp.flip(input, sizes(dims_ if dims is None else (dims,)))
 
 
 def roll(input, shifts, dims=None):
@@ -253,7 +257,10 @@ def take_along_dim(input, indices, dim=None, *, out=None):
     if dim is None:
         return jnp.take_along_axis(jnp.reshape(input, -1), jnp.reshape(indices, -1), axis=0)
     x, idx = jnp.asarray(input), jnp.asarray(indices)
-    shape = list(jnp.broadcast_shapes(x.shape, idx.shape))
+    # broadcast every axis but dim, where the two keep their own lengths (torch's rule)
+    dim = dim % x.ndim
+    other = lambda s: s[:dim] + (1,) + s[dim + 1:]  # noqa: E731
+    shape = list(jnp.broadcast_shapes(other(x.shape), other(idx.shape)))
     shape_x, shape_i = list(shape), list(shape)
     shape_x[dim], shape_i[dim] = x.shape[dim], idx.shape[dim]
     return jnp.take_along_axis(jnp.broadcast_to(x, shape_x), jnp.broadcast_to(idx, shape_i), axis=dim)
@@ -304,7 +311,8 @@ def _dims_tuple(parts):
 
 
 def _register_table():
-    register(["Tensor.view", "Tensor.reshape", "torch.reshape"], view, _method("reshape", shape_like=True))
+    register(["Tensor.view", "Tensor.reshape", "torch.reshape"], view,
+             lambda a, k: _method("reshape", shape_like=True)(a + ([k.pop("shape")] if "shape" in k else []), k))
     register(["Tensor.view_as", "Tensor.reshape_as"], view_as, lambda a, k: f"{atom(a[0])}.reshape({a[1]}.shape)")
     register(["Tensor.permute", "torch.permute"], permute,
              lambda a, k: call("jnp.transpose", [a[0], _dims_tuple(a[1:] or [k["dims"]])]))
@@ -341,7 +349,7 @@ def _register_table():
     register(["torch.hstack"], hstack, None)
     register(["torch.vstack"], vstack, None)
     register(["Tensor.narrow", "torch.narrow"], narrow, None)
-    register(["Tensor.flip", "torch.flip"], flip, lambda a, k: call("jnp.flip", [a[0], _dims_tuple(a[1:] or [k["dims"]])]))
+    register(["Tensor.flip", "torch.flip"], flip, lambda a, k: call("jnp.flip", [a[0], _dims_tuple(a[1:] or [k["dims"]])]))  # noqa: E501
     register(["Tensor.roll", "torch.roll"], roll, lambda a, k: call("jnp.roll", a, {
         {"dims": "axis", "shifts": "shift"}[n]: v for n, v in k.items()}))
     register(["Tensor.movedim", "torch.movedim", "Tensor.moveaxis", "torch.moveaxis"], movedim,

@@ -111,8 +111,9 @@ def _torch_adam(b1, b2, eps: float, amsgrad: bool) -> optax.GradientTransformati
     AMSGrad's ``max_v = max(max_v, v)`` taken on the raw second moment."""
 
     def init(params):
-        zeros = optax.tree.zeros_like(params)
-        return _AdamState(jnp.zeros([], jnp.int32), zeros, zeros, zeros if amsgrad else ())
+        # each moment its own arrays: a train state's buffers are donated, one by one
+        zeros = lambda: optax.tree.zeros_like(params)  # noqa: E731
+        return _AdamState(jnp.zeros([], jnp.int32), zeros(), zeros(), zeros() if amsgrad else ())
 
     def update(updates, state, params=None):
         del params
@@ -153,8 +154,8 @@ def _torch_adamax(b1, b2: float, eps: float) -> optax.GradientTransformation:
     Adam's (``_correction``; optax's is 8e-7 off torch's after 30 float32 steps at b1=0.99)."""
 
     def init(params):
-        zeros = optax.tree.zeros_like(params)
-        return _AdamaxState(jnp.zeros([], jnp.int32), zeros, zeros)
+        zeros = lambda: optax.tree.zeros_like(params)  # noqa: E731 (one array per moment, as Adam's)
+        return _AdamaxState(jnp.zeros([], jnp.int32), zeros(), zeros())
 
     def update(updates, state, params=None):
         del params
@@ -189,8 +190,9 @@ def _torch_nadam(b1, b2: float, eps: float, momentum_decay: float) -> optax.Grad
     dtype is float64; here it has the params' dtype."""
 
     def init(params):
-        zeros = optax.tree.zeros_like(params)
-        return _NadamState(jnp.zeros([], jnp.int32), jnp.ones([], optax.tree.dtype(params, "highest")), zeros, zeros)
+        zeros = lambda: optax.tree.zeros_like(params)  # noqa: E731 (one array per moment, as Adam's)
+        return _NadamState(jnp.zeros([], jnp.int32), jnp.ones([], optax.tree.dtype(params, "highest")), zeros(),
+                           zeros())
 
     def update(updates, state, params=None):
         del params

@@ -84,6 +84,7 @@ class Frame:
     nodes: list = dataclasses.field(default_factory=list)
     known: dict = dataclasses.field(default_factory=dict)  # id(obj) -> (obj, Ref)
     stale: dict = dataclasses.field(default_factory=dict)  # id(obj) -> where it was changed through an alias
+    views: dict = dataclasses.field(default_factory=dict)  # id(x[i]) -> (x[i], x, i): for x[i] += v's write-back
     tensors: dict | None = None  # id(param or buffer) -> ("param" | "buffer", dotted path)
     paths: dict | None = None  # id(submodule) -> dotted path
     active: bool = True

@@ -194,8 +194,12 @@ class Recorder:
             kwargs = dict(kwargs)
             named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
             args = tuple(args) + tuple(named)
+        if name == "Tensor.__setitem__" and len(args) == 3:
+            _write_back(frame, args, where)
         grad = torch.is_grad_enabled()
         out = _run(func, args, kwargs)
+        if name == "Tensor.__getitem__" and len(args) == 2 and _is_tensor(out):
+            frame.views[id(out)] = (out, args[0], args[1])
         with _quiet(self):
             return self._recorded(frame, func, name, short, where, grad, args, kwargs, out)
 
@@ -319,6 +323,18 @@ def _is_tensor(value) -> bool:
     import torch
 
     return isinstance(value, torch.Tensor)
+
+
+def _write_back(frame, args, where) -> None:
+    """``x[i] += v`` is Python's ``t = x[i]; t += v; x[i] = t``: the in-place change of the view ``t``
+    leaves ``x`` stale (torch sees the change through the alias, the graph does not), and the
+    write-back, on the same line with the same index object, makes ``x`` whole again: the setitem
+    records ``x``'s new value from ``t``'s. Any other alias of ``x`` stays stale."""
+    target, index, value = args
+    view = frame.views.get(id(value))
+    if (view is not None and view[0] is value and view[1] is target and view[2] is index
+            and frame.stale.get(id(target)) == where):
+        frame.stale.pop(id(target))
 
 
 def _in_place(name: str) -> bool:
