@@ -271,6 +271,17 @@ def convert(module: Any, *example_inputs, train: bool = True, **example_kwargs) 
     """
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
+    model, params, state = _converted(module, example_inputs, example_kwargs, train)
+    if example_inputs or example_kwargs:  # a recording holds for its input signature alone (jax.jit's rule)
+        from funcnet.interop.trace.signature import specialise
+
+        model = specialise(module, model, example_inputs, example_kwargs,
+                           lambda args, kwargs: _converted(module, args, kwargs, train)[0])
+    return model, params, state
+
+
+def _converted(module, example_inputs, example_kwargs, train):
+    """``_convert`` with every failure said as a ``ConversionError``."""
     try:
         return _convert(module, example_inputs, example_kwargs, train)
     except ConversionError:
