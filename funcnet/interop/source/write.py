@@ -238,7 +238,88 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
             raise ConversionError(f"to_source: building the model failed: {type(e).__name__}: {e}. {_BUG}") from e
     if problems:
         raise ConversionError("to_source: cannot convert the model:\n  " + "\n  ".join(problems))
-    return _Writer(module, recording, registry).write()
+    source = _Writer(module, recording, registry).write()
+    free = _free_axes(module, example_inputs, example_kwargs, registry, recording)
+    return source if free is None else _guarded(source, module, example_inputs, example_kwargs, free)
+
+
+def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple | None:
+    """Which input axes the recording is shape-generic in: None for all of them (recorded again with
+    every size one larger, the torch module gives the same program, its sizes read as ``x.shape[i]``),
+    ``(0,)`` for the batch axis alone, ``()`` for none (a ``range(x.shape[1])`` loop unrolled, a size
+    used as a number)."""
+    from funcnet.interop.trace.modules import _trace
+
+    def same(axes):
+        grown = _resized(args, axes), _resized(kwargs, axes)
+        try:
+            again, problems = _trace(module, *grown, registry, names=False)
+        except Exception:  # noqa: BLE001 - the model refuses those sizes: not shown generic there
+            return False
+        return not problems and _keys(again) == _keys(recording)
+
+    if not any(hasattr(leaf, "shape") for leaf in _leaves((args, kwargs))):
+        return None
+    if same("all"):
+        return None
+    return (0,) if same((0,)) else ()
+
+
+def _keys(recording) -> dict:
+    return {k: {mode: [g.key() for g in graphs] for mode, graphs in by_mode.items()}
+            for k, by_mode in recording.graphs.items()}
+
+
+def _leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        return [x for v in tree for x in _leaves(v)]
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    return [tree]
+
+
+def _resized(tree, axes):
+    """The example inputs with the sizes on ``axes`` (``"all"``: every axis) one larger, their values cycled."""
+    import numpy as np
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        shape = tuple(d + 1 if axes == "all" or i in axes else d for i, d in enumerate(tree.shape))
+        array = tree.detach().cpu()
+        floats = array.dtype == torch.bfloat16
+        return torch.from_numpy(np.resize((array.float() if floats else array).numpy(), shape)).to(tree.dtype)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_resized(v, axes) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _resized(v, axes) for k, v in tree.items()}
+    return tree
+
+
+def _guarded(source: str, module, args: tuple, kwargs: dict, free: tuple) -> str:
+    """``source`` whose root function returns its model guarded by ``guard_signature``: the traced
+    input signature (the sizes on the ``free`` axes aside) is the only one it accepts."""
+    import inspect as _inspect
+
+    from funcnet.interop.trace.signature import leaf_signature, named_arguments
+
+    name = type(module).__name__
+    names = tuple(n for n, p in _inspect.signature(module.forward).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    traced = tuple((n, leaf_signature(v)) for n, v in named_arguments(names, args, kwargs))
+    if f"\ndef {name}(" not in source:
+        return source
+    inner = f"_{name}_as_traced"
+    source = source.replace(f"\ndef {name}(", f"\ndef {inner}(", 1)
+    which = "no axis" if not free else "the batch axis alone"
+    return (source.rstrip("\n") + "\n\n\n"
+            f"def {name}(*args, **kwargs):\n"
+            f'    """{name} as traced: shape-generic in {which}, so any other input signature is refused in one '
+            f'line."""\n'
+            f"    return guard_signature({inner}(*args, **kwargs), TRACED_AT, names={names!r}, free={free!r},\n"
+            f"                           name={name!r})\n"
+            f"\n\n# the input signature the port was written at: (argument, (kind, shape, dtype))\n"
+            f"TRACED_AT = (\n" + "".join(f"    {entry!r},\n" for entry in traced) + ")\n").replace(
+        "from funcnet import nn\n", "from funcnet import nn\nfrom funcnet.interop import guard_signature\n", 1)
 
 
 def _name_clashes(root, registry) -> list:

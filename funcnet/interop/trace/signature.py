@@ -12,7 +12,7 @@ they are concrete) and keeps the result. Shapes come from the abstract values, s
 signature. Every recording has the same params and state trees (the torch module's names);
 one that does not is refused.
 
-``check_signature`` is the other half of the rule, for a model with no torch module at hand
+``guard_signature`` is the other half of the rule, for a model with no torch module at hand
 (a ``to_source`` port): it refuses a signature other than the traced one in one line.
 """
 
@@ -185,14 +185,47 @@ def _tensor(array: np.ndarray):
     return torch.from_numpy(np.array(array))  # a writable copy
 
 
-def check_signature(name: str, traced: tuple, args: tuple, kwargs: dict, forward_signature=None) -> None:
-    """Refuse, in one line, a call whose input signature is not ``traced`` (a model that cannot
-    record its torch module again: a ``to_source`` port traced at fixed shapes)."""
-    bound = bind(forward_signature, args, kwargs) if forward_signature is not None else None
-    got = call_signature(bound) if bound is not None else tuple(
-        [(str(i), leaf_signature(a)) for i, a in enumerate(args)] + [(k, leaf_signature(v)) for k, v in kwargs.items()])
-    if got != traced:
-        raise ValueError(f"{name}: was traced at input signature ({describe(traced)}) and its code is only right "
-                         f"there, called with ({describe(got)}); re-convert the torch module with inputs of this "
-                         f"signature (interop.convert(module, x), which records each new signature itself, or "
-                         f"interop.to_source(module, x))")
+def named_arguments(names: tuple, args: tuple, kwargs: dict) -> tuple:
+    """``((name, value), ...)``: positional arguments named by ``names`` (the forward's), then the
+    keyword ones, in ``names``' order and the rest sorted (a call's arguments however passed)."""
+    given = dict(zip(names, args))
+    extra = [(f"*{i}", a) for i, a in enumerate(args[len(names):])]
+    given.update(kwargs)
+    order = {n: i for i, n in enumerate(names)}
+    return tuple(sorted(given.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))) + tuple(extra)
+
+
+def _loose(signature: tuple, free: tuple) -> tuple:
+    """``signature`` with the sizes on the axes in ``free`` left out (None)."""
+    def leaf(s):
+        if isinstance(s, tuple) and s and s[0] == "array":
+            return ("array", tuple(None if i in free else d for i, d in enumerate(s[1])), s[2])
+        if isinstance(s, tuple) and s and s[0] in ("tuple", "list"):
+            return (s[0], *(leaf(v) for v in s[1:]))
+        if isinstance(s, tuple) and s and s[0] == "dict":
+            return ("dict", *((k, leaf(v)) for k, v in s[1:]))
+        return s
+
+    return tuple((name, leaf(s)) for name, s in signature)
+
+
+def guard_signature(model: Module, traced: tuple, names: tuple, free: tuple = (), name: str | None = None) -> Module:
+    """``model`` (written by ``to_source`` at the traced signature ``traced``) that refuses, in one
+    line and before computing anything, a call of another signature; the sizes on the axes in
+    ``free`` (shown shape-generic when it was written) may differ. ``names``: the forward's
+    positional argument names; ``name``: the model's (its torch class)."""
+    name = name or model.name
+    want = _loose(traced, free)
+    shown = describe(_loose(traced, free)).replace("None", "*")
+
+    def apply(params, *inputs, **kwargs):
+        options = {k: kwargs.pop(k) for k in ("state", "key", "train") if k in kwargs}
+        got = tuple((n, leaf_signature(v)) for n, v in named_arguments(names, inputs, kwargs))
+        if _loose(got, free) != want:
+            raise ValueError(f"{name}: this port was written at input signature ({shown}) and its code holds "
+                             f"there alone (a size was read as a constant), called with ({describe(got)}); write it "
+                             f"again from the torch module at this signature, interop.to_source(module, x) or "
+                             f"funcnet port, or use interop.convert(module, x), which records each new signature")
+        return model.apply(params, *inputs, **options, **kwargs)
+
+    return model._replace(apply=apply, name=name)
