@@ -32,9 +32,9 @@ from funcnet.interop.trace.modules import convert
 from funcnet.interop.optim.convert import convert_optimizer
 from funcnet.interop.trace.registry import SUPPORTED_MODULES, ConversionError
 from funcnet.interop.source.write import to_source
-from funcnet.interop.trace.signature import guard_signature
+from funcnet.interop.trace.signature import shape_guard
 from funcnet.interop.weights.state_dict import from_torch, from_torch_with_state, to_torch
 
 __all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "to_source", "save_safetensors",
            "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer", "from_pretrained",
-           "generate_greedy", "guard_signature"]
+           "generate_greedy", "shape_guard"]

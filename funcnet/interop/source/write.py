@@ -244,25 +244,25 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
 
 
 def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple | None:
-    """Which input axes the recording is shape-generic in: None for all of them (recorded again with
-    every size one larger, the torch module gives the same program, its sizes read as ``x.shape[i]``),
-    ``(0,)`` for the batch axis alone, ``()`` for none (a ``range(x.shape[1])`` loop unrolled, a size
-    used as a number)."""
+    """The input axes the recording is shape-generic in: None for all of them. An axis is shown
+    generic when the torch module, recorded again with that size one larger in every input,
+    gives the same program (its sizes read as ``x.shape[i]``); a ``range(x.shape[1])`` loop
+    unrolled, or a size used as a number, gives another."""
     from funcnet.interop.trace.modules import _trace
 
     def same(axes):
         grown = _resized(args, axes), _resized(kwargs, axes)
         try:
-            again, problems = _trace(module, *grown, registry, names=False)
+            again, problems = _trace(module, *grown, registry, names=False, train=train)
         except Exception:  # noqa: BLE001 - the model refuses those sizes: not shown generic there
             return False
         return not problems and _keys(again) == _keys(recording)
 
-    if not any(hasattr(leaf, "shape") for leaf in _leaves((args, kwargs))):
+    train = any(mode == "train" for by_mode in recording.graphs.values() for mode in by_mode)
+    ndim = max((len(leaf.shape) for leaf in _leaves((args, kwargs)) if hasattr(leaf, "shape")), default=0)
+    if ndim == 0 or same("all"):
         return None
-    if same("all"):
-        return None
-    return (0,) if same((0,)) else ()
+    return tuple(axis for axis in range(ndim) if same((axis,)))
 
 
 def _keys(recording) -> dict:
@@ -296,30 +296,28 @@ def _resized(tree, axes):
 
 
 def _guarded(source: str, module, args: tuple, kwargs: dict, free: tuple) -> str:
-    """``source`` whose root function returns its model guarded by ``guard_signature``: the traced
-    input signature (the sizes on the ``free`` axes aside) is the only one it accepts."""
+    """``source`` whose root function is decorated with ``shape_guard``: the traced input
+    signature (the sizes on the ``free`` axes aside) is the only one its model accepts."""
     import inspect as _inspect
 
-    from funcnet.interop.trace.signature import leaf_signature, named_arguments
+    from funcnet.interop.trace.signature import describe, leaf_signature, named_arguments
 
     name = type(module).__name__
     names = tuple(n for n, p in _inspect.signature(module.forward).parameters.items()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     traced = tuple((n, leaf_signature(v)) for n, v in named_arguments(names, args, kwargs))
+    loose = tuple((n, ("array", tuple(None if i in free else d for i, d in enumerate(s[1])), s[2])
+                   if isinstance(s, tuple) and s and s[0] == "array" else s) for n, s in traced)
     if f"\ndef {name}(" not in source:
         return source
-    inner = f"_{name}_as_traced"
-    source = source.replace(f"\ndef {name}(", f"\ndef {inner}(", 1)
-    which = "no axis" if not free else "the batch axis alone"
-    return (source.rstrip("\n") + "\n\n\n"
-            f"def {name}(*args, **kwargs):\n"
-            f'    """{name} as traced: shape-generic in {which}, so any other input signature is refused in one '
-            f'line."""\n'
-            f"    return guard_signature({inner}(*args, **kwargs), TRACED_AT, names={names!r}, free={free!r},\n"
-            f"                           name={name!r})\n"
-            f"\n\n# the input signature the port was written at: (argument, (kind, shape, dtype))\n"
-            f"TRACED_AT = (\n" + "".join(f"    {entry!r},\n" for entry in traced) + ")\n").replace(
-        "from funcnet import nn\n", "from funcnet import nn\nfrom funcnet.interop import guard_signature\n", 1)
+    used = tuple(n for n in names if n in dict(traced)) or names[:1]
+    line = f"@shape_guard({describe(loose)!r}, names={used!r})\n"
+    if len(line) > WIDTH:
+        line = f"@shape_guard(\n    {describe(loose)!r},\n    names={used!r},\n)\n"
+    source = source.replace(f"\ndef {name}(", f"\n{line}def {name}(", 1)
+    if "from funcnet.interop import ops\n" in source:
+        return source.replace("from funcnet.interop import ops\n", "from funcnet.interop import ops, shape_guard\n", 1)
+    return source.replace("from funcnet import nn\n", "from funcnet import nn\nfrom funcnet.interop import shape_guard\n", 1)
 
 
 def _name_clashes(root, registry) -> list:

@@ -12,13 +12,14 @@ they are concrete) and keeps the result. Shapes come from the abstract values, s
 signature. Every recording has the same params and state trees (the torch module's names);
 one that does not is refused.
 
-``guard_signature`` is the other half of the rule, for a model with no torch module at hand
+``shape_guard`` is the other half of the rule, for a model with no torch module at hand
 (a ``to_source`` port): it refuses a signature other than the traced one in one line.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,7 +58,7 @@ def describe(signature: tuple) -> str:
     """``x: float32[2,5], causal: True``: a signature as one readable line."""
     def one(s):
         if isinstance(s, tuple) and s and s[0] == "array":
-            return f"{s[2]}[{','.join(map(str, s[1]))}]"
+            return f"{s[2]}[{','.join('*' if d is None else str(d) for d in s[1])}]"
         if isinstance(s, tuple) and s and s[0] in ("tuple", "list"):
             inner = ", ".join(one(v) for v in s[1:])
             return f"({inner})" if s[0] == "tuple" else f"[{inner}]"
@@ -195,37 +196,50 @@ def named_arguments(names: tuple, args: tuple, kwargs: dict) -> tuple:
     return tuple(sorted(given.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))) + tuple(extra)
 
 
-def _loose(signature: tuple, free: tuple) -> tuple:
-    """``signature`` with the sizes on the axes in ``free`` left out (None)."""
-    def leaf(s):
-        if isinstance(s, tuple) and s and s[0] == "array":
-            return ("array", tuple(None if i in free else d for i, d in enumerate(s[1])), s[2])
-        if isinstance(s, tuple) and s and s[0] in ("tuple", "list"):
-            return (s[0], *(leaf(v) for v in s[1:]))
-        if isinstance(s, tuple) and s and s[0] == "dict":
-            return ("dict", *((k, leaf(v)) for k, v in s[1:]))
-        return s
+def shape_guard(signature: str, names: tuple = ()):
+    """A decorator for the root function of a ``to_source`` port written at fixed shapes: the
+    model it builds refuses, in one line and before computing anything, a call whose input
+    signature is not ``signature`` (``describe``'s text; ``*`` for a size the port reads from its
+    input, shown shape-generic when it was written). ``names``: the forward's positional
+    argument names.
 
-    return tuple((name, leaf(s)) for name, s in signature)
+    Examples:
+        >>> import jax, jax.numpy as jnp
+        >>> from funcnet import nn
+        >>> from funcnet.interop import shape_guard
+        >>> @shape_guard("x: float32[*,5]", names=("x",))
+        ... def Net():
+        ...     return nn.Linear(5, 2)
+        >>> model = Net()
+        >>> model.apply(model.init(jax.random.key(0)), jnp.ones((3, 5))).shape
+        (3, 2)
+        >>> model.apply(model.init(jax.random.key(0)), jnp.ones((3, 6)))
+        Traceback (most recent call last):
+        ...
+        ValueError: Net: this port was written at input signature (x: float32[*,5]) ...
+    """
+    pattern = re.compile(re.escape(signature).replace(r"\*", r"\d+"))
 
+    def decorate(build):
+        def guarded(*args, **kwargs):
+            model = build(*args, **kwargs)
+            name = build.__name__
 
-def guard_signature(model: Module, traced: tuple, names: tuple, free: tuple = (), name: str | None = None) -> Module:
-    """``model`` (written by ``to_source`` at the traced signature ``traced``) that refuses, in one
-    line and before computing anything, a call of another signature; the sizes on the axes in
-    ``free`` (shown shape-generic when it was written) may differ. ``names``: the forward's
-    positional argument names; ``name``: the model's (its torch class)."""
-    name = name or model.name
-    want = _loose(traced, free)
-    shown = describe(_loose(traced, free)).replace("None", "*")
+            def apply(params, *inputs, **kw):
+                options = {k: kw.pop(k) for k in ("state", "key", "train") if k in kw}
+                got = describe(tuple((n, leaf_signature(v)) for n, v in named_arguments(names, inputs, kw)))
+                if not pattern.fullmatch(got):
+                    raise ValueError(f"{name}: this port was written at input signature ({signature}) and its code "
+                                     f"holds there alone (a size was read as a constant), called with ({got}); write "
+                                     f"it again from the torch module at this signature (interop.to_source(module, "
+                                     f"x) or funcnet port), or use interop.convert(module, x), which records each new "
+                                     f"signature")
+                return model.apply(params, *inputs, **options, **kw)
 
-    def apply(params, *inputs, **kwargs):
-        options = {k: kwargs.pop(k) for k in ("state", "key", "train") if k in kwargs}
-        got = tuple((n, leaf_signature(v)) for n, v in named_arguments(names, inputs, kwargs))
-        if _loose(got, free) != want:
-            raise ValueError(f"{name}: this port was written at input signature ({shown}) and its code holds "
-                             f"there alone (a size was read as a constant), called with ({describe(got)}); write it "
-                             f"again from the torch module at this signature, interop.to_source(module, x) or "
-                             f"funcnet port, or use interop.convert(module, x), which records each new signature")
-        return model.apply(params, *inputs, **options, **kwargs)
+            return model._replace(apply=apply)
 
-    return model._replace(apply=apply, name=name)
+        guarded.__name__ = guarded.__qualname__ = build.__name__
+        guarded.__doc__ = build.__doc__
+        return guarded
+
+    return decorate
