@@ -244,25 +244,27 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
 
 
 def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple | None:
-    """The input axes the recording is shape-generic in: None for all of them. An axis is shown
-    generic when the torch module, recorded again with that size one larger in every input,
-    gives the same program (its sizes read as ``x.shape[i]``); a ``range(x.shape[1])`` loop
-    unrolled, or a size used as a number, gives another."""
+    """The input axes the written code is shape-generic in, or None for all of them (no guard).
+    An axis is generic when the torch module, recorded again with that size one larger in every
+    input, gives the same program (its sizes read as ``x.shape[i]``); it is not when it gives
+    another (a ``range(x.shape[1])`` loop unrolled, a size used as a number). An axis whose size
+    torch itself refuses (a layer's width) is left to fail as torch fails."""
     from funcnet.interop.trace.modules import _trace
 
-    def same(axes):
+    def outcome(axes) -> str:
         grown = _resized(args, axes), _resized(kwargs, axes)
         try:
             again, problems = _trace(module, *grown, registry, names=False, train=train)
-        except Exception:  # noqa: BLE001 - the model refuses those sizes: not shown generic there
-            return False
-        return not problems and _keys(again) == _keys(recording)
+        except Exception:  # noqa: BLE001 - the torch forward raised: torch refuses those sizes
+            return "raised"
+        return "same" if not problems and _keys(again) == _keys(recording) else "differs"
 
     train = any(mode == "train" for by_mode in recording.graphs.values() for mode in by_mode)
     ndim = max((len(leaf.shape) for leaf in _leaves((args, kwargs)) if hasattr(leaf, "shape")), default=0)
-    if ndim == 0 or same("all"):
+    if ndim == 0 or outcome("all") == "same":
         return None
-    return tuple(axis for axis in range(ndim) if same((axis,)))
+    fixed = [axis for axis in range(ndim) if outcome((axis,)) == "differs"]
+    return None if not fixed else tuple(axis for axis in range(ndim) if axis not in fixed)
 
 
 def _keys(recording) -> dict:
