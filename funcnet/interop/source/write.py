@@ -254,12 +254,11 @@ def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple 
     def outcome(axes) -> str:
         grown = _resized(args, axes), _resized(kwargs, axes)
         try:
-            again, problems = _trace(module, *grown, registry, names=False, train=train)
+            again, problems = _trace(module, *grown, registry, names=False, train=False)
         except Exception:  # noqa: BLE001 - the torch forward raised: torch refuses those sizes
             return "raised"
         return "same" if not problems and _keys(again) == _keys(recording) else "differs"
 
-    train = any(mode == "train" for by_mode in recording.graphs.values() for mode in by_mode)
     ndim = max((len(leaf.shape) for leaf in _leaves((args, kwargs)) if hasattr(leaf, "shape")), default=0)
     if ndim == 0 or outcome("all") == "same":
         return None
@@ -268,8 +267,8 @@ def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple 
 
 
 def _keys(recording) -> dict:
-    return {k: {mode: [g.key() for g in graphs] for mode, graphs in by_mode.items()}
-            for k, by_mode in recording.graphs.items()}
+    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone)."""
+    return {k: [g.key() for g in by_mode.get("eval", [])] for k, by_mode in recording.graphs.items()}
 
 
 def _leaves(tree):
