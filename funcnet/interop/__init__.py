@@ -9,6 +9,10 @@
   buffers into params (an optimizer would update them) or dropping them.
 - ``convert(module) -> (model, params, state)``: a torch module made of supported layers and
   containers as a ready funcnet.nn model, with its variables.
+  A model traced on example inputs is specialised per input signature, as ``jax.jit`` is: a
+  call with new shapes, dtypes or non-array arguments records the torch module again.
+- ``shape_guard(signature, names)``: the decorator a ``to_source`` port's root carries when its
+  code holds at the traced shapes alone; another input signature is refused in one line.
 - ``from_pretrained(DIR)``: a Hugging Face checkpoint folder (``save_pretrained``'s) converted;
   ``generate_greedy``: greedy decoding with a converted causal LM.
 - ``save_safetensors`` / ``load_safetensors``: the safetensors file format, without torch.
