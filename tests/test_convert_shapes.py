@@ -69,7 +69,7 @@ def test_gradients_at_a_new_length_equal_torch():
     module.zero_grad()
     module(x).pow(2).sum().backward()
     with jax.enable_x64(True):
-        grads = jax.grad(lambda p: (model.apply(p, jnp.asarray(x.numpy())) ** 2).sum())(params)
+        grads = jax.jit(jax.grad(lambda p: (model.apply(p, jnp.asarray(x.numpy())) ** 2).sum()))(params)
     for name, p in module.named_parameters():
         got = np.asarray(grads["lin"][name.split(".")[1]])
         want = p.grad.numpy()
@@ -222,3 +222,22 @@ def test_mamba_generates_torchs_greedy_tokens_and_its_port_refuses_another_lengt
     with pytest.raises(ValueError, match=r"^MambaForCausalLM: this port was written at input signature \(input_ids: "
                                          r"int32\[\*,8\]"):
         ported.apply(ported_params, input_ids=jnp.ones((2, 9), jnp.int32), attention_mask=jnp.ones((2, 9), jnp.int32))
+
+
+def test_a_recording_whose_parameters_differ_from_the_traced_ones_is_refused_in_one_line():
+    class Grows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.shape[1] > 5 and not hasattr(self, "extra"):  # a table made for long inputs, kept as a buffer
+                self.register_buffer("extra", torch.zeros(4))
+            return self.lin(x) + (self.extra if hasattr(self, "extra") else 0)
+
+    model, params, _ = interop.convert(Grows(), torch.randn(2, 5, 4))
+    with pytest.raises(interop.ConversionError) as err:
+        model.apply(params, jnp.ones((2, 7, 4)))
+    message = str(err.value)
+    assert "\n" not in message and "recorded at the input signature (x: float32[2,7,4]) has other parameters" in message
+    assert "traced one (x: float32[2,5,4])" in message
