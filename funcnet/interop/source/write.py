@@ -238,7 +238,87 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
             raise ConversionError(f"to_source: building the model failed: {type(e).__name__}: {e}. {_BUG}") from e
     if problems:
         raise ConversionError("to_source: cannot convert the model:\n  " + "\n  ".join(problems))
-    return _Writer(module, recording, registry).write()
+    source = _Writer(module, recording, registry).write()
+    free = _free_axes(module, example_inputs, example_kwargs, registry, recording)
+    return source if free is None else _guarded(source, module, example_inputs, example_kwargs, free)
+
+
+def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple | None:
+    """The input axes the written code is shape-generic in, or None for all of them (no guard).
+    An axis is generic when the torch module, recorded again with that size one larger in every
+    input, gives the same program (its sizes read as ``x.shape[i]``); it is not when it gives
+    another (a ``range(x.shape[1])`` loop unrolled, a size used as a number). An axis whose size
+    torch itself refuses (a layer's width) is left to fail as torch fails."""
+    from funcnet.interop.trace.modules import _trace
+
+    def outcome(axes) -> str:
+        grown = _resized(args, axes), _resized(kwargs, axes)
+        try:
+            again, problems = _trace(module, *grown, registry, names=False, train=False)
+        except Exception:  # noqa: BLE001 - the torch forward raised: torch refuses those sizes
+            return "raised"
+        return "same" if not problems and _keys(again) == _keys(recording) else "differs"
+
+    ndim = max((len(leaf.shape) for leaf in _leaves((args, kwargs)) if hasattr(leaf, "shape")), default=0)
+    if ndim == 0 or outcome("all") == "same":
+        return None
+    fixed = [axis for axis in range(ndim) if outcome((axis,)) == "differs"]
+    return None if not fixed else tuple(axis for axis in range(ndim) if axis not in fixed)
+
+
+def _keys(recording) -> dict:
+    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone)."""
+    return {k: [g.key() for g in by_mode.get("eval", [])] for k, by_mode in recording.graphs.items()}
+
+
+def _leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        return [x for v in tree for x in _leaves(v)]
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _leaves(v)]
+    return [tree]
+
+
+def _resized(tree, axes):
+    """The example inputs with the sizes on ``axes`` (``"all"``: every axis) one larger, their values cycled."""
+    import numpy as np
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        shape = tuple(d + 1 if axes == "all" or i in axes else d for i, d in enumerate(tree.shape))
+        array = tree.detach().cpu()
+        floats = array.dtype == torch.bfloat16
+        return torch.from_numpy(np.resize((array.float() if floats else array).numpy(), shape)).to(tree.dtype)
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_resized(v, axes) for v in tree)
+    if isinstance(tree, dict):
+        return {k: _resized(v, axes) for k, v in tree.items()}
+    return tree
+
+
+def _guarded(source: str, module, args: tuple, kwargs: dict, free: tuple) -> str:
+    """``source`` whose root function is decorated with ``shape_guard``: the traced input
+    signature (the sizes on the ``free`` axes aside) is the only one its model accepts."""
+    import inspect as _inspect
+
+    from funcnet.interop.trace.signature import describe, leaf_signature, named_arguments
+
+    name = type(module).__name__
+    names = tuple(n for n, p in _inspect.signature(module.forward).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    traced = tuple((n, leaf_signature(v)) for n, v in named_arguments(names, args, kwargs))
+    loose = tuple((n, ("array", tuple(None if i in free else d for i, d in enumerate(s[1])), s[2])
+                   if isinstance(s, tuple) and s and s[0] == "array" else s) for n, s in traced)
+    if f"\ndef {name}(" not in source:
+        return source
+    used = tuple(n for n in names if n in dict(traced)) or names[:1]
+    line = f"@shape_guard({describe(loose)!r}, names={used!r})\n"
+    if len(line) > WIDTH:
+        line = f"@shape_guard(\n    {describe(loose)!r},\n    names={used!r},\n)\n"
+    source = source.replace(f"\ndef {name}(", f"\n{line}def {name}(", 1)
+    if "from funcnet.interop import ops\n" in source:
+        return source.replace("from funcnet.interop import ops\n", "from funcnet.interop import ops, shape_guard\n", 1)
+    return source.replace("from funcnet import nn\n", "from funcnet import nn\nfrom funcnet.interop import shape_guard\n", 1)
 
 
 def _name_clashes(root, registry) -> list:

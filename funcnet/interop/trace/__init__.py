@@ -5,5 +5,6 @@
 answers torch and libraries while it runs (``is_compiling``, static checks) and how failures
 become ``ConversionError``s; ``vmap`` records a ``torch.vmap`` body once; ``replay`` runs a
 graph through the op table (``funcnet.interop.ops``); ``registry`` and ``modules`` turn
-supported torch layers and containers into their funcnet.nn counterparts (``convert``).
+supported torch layers and containers into their funcnet.nn counterparts (``convert``);
+``signature`` keeps one recording per input signature (``jax.jit``'s rule).
 """

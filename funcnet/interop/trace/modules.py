@@ -271,8 +271,19 @@ def convert(module: Any, *example_inputs, train: bool = True, **example_kwargs) 
     """
     if not (hasattr(module, "named_modules") and hasattr(module, "state_dict")):
         raise TypeError(f"convert: expected a torch.nn.Module, got {type(module).__name__}")
+    model, params, state = _converted(module, example_inputs, example_kwargs, train)
+    if example_inputs or example_kwargs:  # a recording holds for its input signature alone (jax.jit's rule)
+        from funcnet.interop.trace.signature import specialise
+
+        model = specialise(module, model, example_inputs, example_kwargs,
+                           lambda args, kwargs: _converted(module, args, kwargs, train, ties=tied_keys(params))[0])
+    return model, params, state
+
+
+def _converted(module, example_inputs, example_kwargs, train, ties=None):
+    """``_convert`` with every failure said as a ``ConversionError``."""
     try:
-        return _convert(module, example_inputs, example_kwargs, train)
+        return _convert(module, example_inputs, example_kwargs, train, ties)
     except ConversionError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure is said as a ConversionError
@@ -296,7 +307,9 @@ def _internal(e: Exception) -> ConversionError:
                            f"report it with this message and the model's code")
 
 
-def _convert(module, example_inputs, example_kwargs, train: bool) -> tuple[Module, dict, dict]:
+def _convert(module, example_inputs, example_kwargs, train: bool, ties=None) -> tuple[Module, dict, dict]:
+    """``(model, params, state)``; with ``ties`` (a new recording of a model already converted,
+    whose ties they are) ``(model, None, None)``: torch's tensors are not converted again."""
     problems: list[str] = []
     registry = _registry()
     recording = None
@@ -305,6 +318,8 @@ def _convert(module, example_inputs, example_kwargs, train: bool) -> tuple[Modul
     model = _build(module, "", registry, problems, recording)
     if problems:
         raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))
+    if ties is not None:  # the params tree is checked against the first recording's (signature.specialise)
+        return (_with_ties(model, ties) if ties else model), None, None
     params, state = from_torch_with_state(module)
     ties = tied_keys(params)
     # the built model must have exactly torch's keys and shapes (a subclass may add tensors)

@@ -426,8 +426,11 @@ def record(root, example_args: tuple, example_kwargs: dict, *, is_leaf, is_conta
             h.remove()
         with torch.no_grad():
             for k, v in root.state_dict(keep_vars=True).items():
-                if k in saved:
+                if k in saved and v.shape == saved[k].shape:
                     v.copy_(saved[k])
+                elif k in saved:  # a buffer the forward replaced by one of another size (a table sized by the input)
+                    owner, _, leaf = k.rpartition(".")
+                    root.get_submodule(owner)._buffers[leaf] = saved[k]
         root.train(was_training)
         torch.set_rng_state(rng)
     return recorder.rec

@@ -1,0 +1,243 @@
+"""A converted model is specialised per input signature, as jax.jit is: a size read while tracing
+(``range(x.shape[1])``, a positional table cut to the traced length) makes the recording a program for
+that shape alone, so a call of another signature records the torch module again, and a ``to_source``
+port that cannot record again refuses another signature in one line. Compared with torch in float64
+at three lengths (one of them the traced one) for a 7-line loop module and transformers' Funnel (and in
+the slow run Pegasus, Marian, Mamba's slow path and its greedy generation, and `funcnet port --hf`)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from funcnet import interop  # noqa: E402
+
+EPS64 = float(np.finfo(np.float64).eps)
+
+
+class Decay(torch.nn.Module):
+    """A running sum over positions: the loop count is the input's length."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        acc, out = torch.zeros_like(x[:, 0]), []
+        for i in range(x.shape[1]):
+            acc = 0.5 * acc + self.lin(x[:, i])
+            out.append(acc)
+        return torch.stack(out, 1)
+
+
+def _x(batch, length, seed):
+    return torch.randn(batch, length, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@functools.cache
+def _decay():
+    torch.manual_seed(0)
+    module = Decay().double()
+    with jax.enable_x64(True):
+        model, params, _ = interop.convert(module, _x(2, 5, 0))
+    return module, model, params
+
+
+def test_the_loop_module_equals_torch_at_three_lengths_under_jit_and_records_each_signature_once():
+    module, model, params = _decay()
+    with jax.enable_x64(True):
+        forward = jax.jit(model.apply)
+        for batch, length in ((3, 3), (2, 5), (1, 9), (3, 3)):  # the traced length 5 among them; 3 again: reused
+            x = _x(batch, length, length)
+            got = np.asarray(forward(params, jnp.asarray(x.numpy())))
+            want = module(x).detach().numpy()
+            assert got.shape == want.shape
+            # a chain of `length` 4-wide affine maps halving the sum: a few float64 ulps of values near 1
+            assert np.abs(got - want).max() <= 64 * EPS64 * max(1.0, np.abs(want).max()), (length, got - want)
+    assert model.signatures[0] == "x: float64[2,5,4]"  # the traced one first, then each new one once
+    assert model.signatures[1:] == ["x: float64[3,3,4]", "x: float64[1,9,4]"], model.signatures
+    assert "recorded for 3 input signatures" in repr(model) and "#   x: float64[1,9,4]" in repr(model)
+
+
+def test_gradients_at_a_new_length_equal_torch():
+    module, model, params = _decay()
+    x = _x(2, 7, 3)
+    module.zero_grad()
+    module(x).pow(2).sum().backward()
+    with jax.enable_x64(True):
+        grads = jax.jit(jax.grad(lambda p: (model.apply(p, jnp.asarray(x.numpy())) ** 2).sum()))(params)
+    for name, p in module.named_parameters():
+        got = np.asarray(grads["lin"][name.split(".")[1]])
+        want = p.grad.numpy()
+        assert np.abs(got - want).max() <= 1e-12 * max(1.0, np.abs(want).max()), name
+
+
+def test_a_to_source_port_of_the_loop_refuses_another_length_in_one_line_and_takes_another_batch():
+    module, _, _ = _decay()
+    with jax.enable_x64(True):
+        source = interop.to_source(module, _x(2, 5, 0))
+        assert "@shape_guard('x: float64[*,5,*]', names=('x',))\ndef Decay():" in source, source
+        scope: dict = {}
+        exec(compile(source, "<port of Decay>", "exec"), scope)
+        model = scope["Decay"]()
+        params = interop.from_torch(module)
+        x = _x(3, 5, 4)  # another batch size: the batch axis was shown generic
+        got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
+        assert np.abs(got - module(x).detach().numpy()).max() <= 1e-13
+        with pytest.raises(ValueError) as err:
+            model.apply(params, jnp.ones((2, 7, 4)))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("Decay: this port was written at input signature (x: float64[*,5,*])")
+    assert "called with (x: float64[2,7,4])" in message and "interop.convert(module, x)" in message
+
+
+def test_a_forward_whose_sizes_stay_sizes_is_written_shape_generic():
+    class Generic(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).cumsum(1)[:, : x.shape[1] - 1]  # the size stays x.shape[1]
+
+    module = Generic()
+    source = interop.to_source(module, torch.randn(2, 5, 4))
+    assert "x.shape[1] - 1" in source and "shape_guard" not in source, source
+    scope: dict = {}
+    exec(compile(source, "<port of Generic>", "exec"), scope)
+    model = scope["Generic"]()
+    x = torch.randn(3, 8, 4)
+    got = np.asarray(model.apply(interop.from_torch(module), jnp.asarray(x.numpy())))
+    assert np.abs(got - module(x).detach().numpy()).max() <= 1e-5  # float32, 8 terms of size ~1
+
+
+# ---- transformers: built from tiny configs, no download
+
+transformers = pytest.importorskip("transformers")
+VOCAB = 50
+
+
+def _ids(batch, length, seed):
+    return torch.randint(1, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _funnel():
+    cfg = transformers.FunnelConfig(vocab_size=VOCAB, d_model=8, n_head=1, d_head=8, d_inner=16, block_sizes=[1, 1],
+                                    num_decoder_layers=1)
+    return transformers.FunnelModel(cfg), lambda b, t, s: {"input_ids": _ids(b, t, s)}
+
+
+def _seq2seq(config, cls):
+    def inputs(b, t, s):
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[0, -2:] = 0
+        return {"input_ids": _ids(b, t, s), "attention_mask": mask, "decoder_input_ids": _ids(b, t - 1, s + 1)}
+
+    cfg = config(vocab_size=VOCAB, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                 decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, max_position_embeddings=32,
+                 use_cache=False, pad_token_id=0, decoder_start_token_id=0)
+    return cls(cfg), inputs
+
+
+def _mamba_config():
+    # use_associative_scan=False: the slow path's `for i in range(seq_len)` loop over positions
+    return transformers.MambaConfig(vocab_size=VOCAB, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+                                    conv_kernel=3, use_cache=False, use_associative_scan=False, bos_token_id=None,
+                                    eos_token_id=None, pad_token_id=None)
+
+
+def _mamba():
+    module = transformers.MambaForCausalLM(_mamba_config())
+    with torch.no_grad():  # projections drawn wider than the default: greedy decoding then varies its tokens
+        for name, p in module.named_parameters():
+            if name.endswith("proj.weight"):
+                p.normal_(0, 0.5)
+    return module
+
+
+MODELS = {
+    "funnel": _funnel,
+    "pegasus": lambda: _seq2seq(transformers.PegasusConfig, transformers.PegasusModel),
+    "marian": lambda: _seq2seq(transformers.MarianConfig, transformers.MarianModel),
+    "mamba": lambda: (_mamba(), lambda b, t, s: {"input_ids": _ids(b, t, s)}),
+}
+
+
+@pytest.mark.parametrize("name", [n if n == "funnel" else pytest.param(n, marks=pytest.mark.slow) for n in MODELS])
+def test_transformers_model_equals_torch_at_three_lengths(name):
+    torch.manual_seed(0)
+    module, inputs = MODELS[name]()
+    module = module.double().eval()
+    with jax.enable_x64(True):
+        model, params, _ = interop.convert(module, train=False, **inputs(2, 6, 0))
+        forward = jax.jit(lambda p, x: model.apply(p, **x))
+        for batch, length in ((2, 6), (3, 9), (1, 4)):  # the traced (2, 6) and two others
+            x = inputs(batch, length, length)
+            with torch.no_grad():
+                want = module(**x)
+            got = forward(params, {k: jnp.asarray(v.numpy()) for k, v in x.items()})
+            key = "logits" if "logits" in got else "last_hidden_state"
+            error = float(np.abs(np.asarray(got[key]) - want[key].numpy()).max())
+            print(f"{name} batch {batch} length {length}: max abs difference {error:.2e}")
+            # float64 through 2-3 tiny layers: ulps; Mamba's slow path computes its scan in float32 (.float())
+            assert error <= (1e-5 if name == "mamba" else 1e-12), (name, length, error)
+    assert len(model.signatures) == 3
+
+
+@pytest.mark.slow
+def test_mamba_generates_torchs_greedy_tokens_and_its_port_refuses_another_length(tmp_path):
+    import safetensors.torch
+
+    import funcnet
+    from funcnet.cli import main
+
+    torch.manual_seed(0)
+    module = _mamba().eval()
+    module.save_pretrained(tmp_path / "checkpoint")
+    prompt = _ids(2, 5, 7)
+    with torch.no_grad():
+        want = module.generate(prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20)
+    model, params, state, _ = interop.from_pretrained(tmp_path / "checkpoint")
+    got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20, state=state)
+    assert want.shape == (2, 25) and all(len(np.unique(row)) > 3 for row in want[:, 5:].numpy())  # varied
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
+    # the port is written at the example (2, 8): the position loop is unrolled there, so it is guarded
+    out, weights = tmp_path / "mamba.py", tmp_path / "mamba.safetensors"
+    assert main(["port", "--hf", str(tmp_path / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
+    scope: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), scope)
+    ported = scope["MambaForCausalLM"]()
+    ported_params = funcnet.load_state_dict(jax.eval_shape(ported.init, jax.random.key(0)),
+                                            safetensors.torch.load_file(weights))
+    ids = _ids(2, 8, 3)
+    with torch.no_grad():
+        logits = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.numpy()
+    same = ported.apply(ported_params, input_ids=jnp.asarray(ids.numpy()), attention_mask=jnp.ones((2, 8), jnp.int32))
+    assert np.abs(np.asarray(same["logits"]) - logits).max() <= 1e-5
+    with pytest.raises(ValueError, match=r"^MambaForCausalLM: this port was written at input signature \(input_ids: "
+                                         r"int32\[\*,8\]"):
+        ported.apply(ported_params, input_ids=jnp.ones((2, 9), jnp.int32), attention_mask=jnp.ones((2, 9), jnp.int32))
+
+
+def test_a_recording_whose_parameters_differ_from_the_traced_ones_is_refused_in_one_line():
+    class Grows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.shape[1] > 5 and not hasattr(self, "extra"):  # a table made for long inputs, kept as a buffer
+                self.register_buffer("extra", torch.zeros(4))
+            return self.lin(x) + (self.extra if hasattr(self, "extra") else 0)
+
+    model, params, _ = interop.convert(Grows(), torch.randn(2, 5, 4))
+    with pytest.raises(interop.ConversionError) as err:
+        model.apply(params, jnp.ones((2, 7, 4)))
+    message = str(err.value)
+    assert "\n" not in message and "recorded at the input signature (x: float32[2,7,4]) has other parameters" in message
+    assert "traced one (x: float32[2,5,4])" in message
