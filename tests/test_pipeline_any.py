@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 tnn = torch.nn
 F = torch.nn.functional
 
-VOCAB, BLOCK, WIDTH, LAYERS, HEADS = 32, 8, 16, 4, 2
+VOCAB, BLOCK, WIDTH, LAYERS, HEADS = 32, 8, 16, 2, 2
 
 
 class Block(tnn.Module):
