@@ -80,7 +80,12 @@ def _one_device(model, params, x, y):
     return jax.jit(jax.value_and_grad(lambda p: losses.cross_entropy(model.apply(p, x), y)))(params)
 
 
-def _check(model, params, stages, kind, micro=4, seed=1, split_points=None):
+# 4 stages of a 2-block GPT: the embeddings, a block each, the final LayerNorm with the head and loss
+FOUR = ("h.0", "h.1", "ln_f")
+
+
+def _check(model, params, stages, kind, micro=4, seed=1):
+    split_points = None if stages == 2 else FOUR
     x, y = _tokens(2 * micro, seed)
     want, want_g = _one_device(model, params, x, y)
     plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], stages, split_points)
@@ -113,10 +118,10 @@ def test_even_split_cuts_the_blocks_and_shares_the_tied_embedding():
     with jax.enable_x64(True):
         model, params = _converted("standard")
         x, y = _tokens(2, 0)
-        plan = st.split(model, losses.cross_entropy, params, x, y, 4)
-        assert plan.split_points == ("h.1", "h.2", "h.3")
+        assert st.split(model, losses.cross_entropy, params, x, y, 2).split_points == ("h.1",)
+        plan = st.split(model, losses.cross_entropy, params, x, y, 4, FOUR)
         # the tied wte/lm_head is read by stage 0 and 3: shared; every other array has one stage
-        assert plan.owner.count(-1) == 1
+        assert plan.owner.count(-1) == 1 and plan.sizes[0] == BLOCK * WIDTH  # stage 0: wpe (wte is shared)
         assert all(c == (((2, BLOCK, WIDTH), jnp.dtype("float64")),) for c in plan.cuts)  # the residual stream
 
 
@@ -125,9 +130,9 @@ def _mlp():
                          nn.Tanh(), nn.Linear(111, 3, dtype=jnp.float64))
 
 
-@pytest.mark.parametrize(("stages", "kind", "points"), [(2, "1f1b", ("2",)), (3, "gpipe", ("1", "4"))])
-def test_an_mlp_by_split_points_equals_one_device(stages, kind, points):
-    """Stages whose activations differ in shape: (2, 37) and (2, 111) cross the cuts of the 3-stage split."""
+def test_an_mlp_by_split_points_equals_one_device(stages=3, kind="gpipe", points=("1", "4")):
+    """Stages whose activations differ in shape: (2, 37) and (2, 111) cross the cuts. The split points
+    are torch's SplitPoint.BEGINNING: stage 1 begins at the Tanh "1", stage 2 at the Linear "4"."""
     with jax.enable_x64(True):
         model = _mlp()
         params = model.init(jax.random.key(2))
@@ -135,9 +140,82 @@ def test_an_mlp_by_split_points_equals_one_device(stages, kind, points):
         x, y = rng.normal(size=(8, 5)), rng.integers(0, 3, size=8)
         want, want_g = jax.value_and_grad(lambda p: losses.cross_entropy(model.apply(p, x), y))(params)
         plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], stages, points)
-        if stages == 3:
-            assert plan.cuts == ((((2, 37), jnp.dtype("float64")),), (((2, 111), jnp.dtype("float64")),))
+        assert plan.cuts == ((((2, 37), jnp.dtype("float64")),), (((2, 111), jnp.dtype("float64")),))
         loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(stages), 4, kind))(
             plan.pack(params), x, y, jax.random.key(0))
         np.testing.assert_allclose(loss, want, rtol=1e-12, atol=0)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14), plan.unpack(grads), want_g)
+
+
+def test_fit_pipelines_the_model_passed_and_equals_one_device():
+    """fit(strategy='pipe') on an MLP (where the GPT-only pipeline raised KeyError: 'transformer'): the same
+    batches and Adam steps as one device, the params back in the model's own layout."""
+    from funcnet import train
+    from funcnet.parallel.strategy import Strategy
+
+    with jax.enable_x64(True):
+        model = _mlp()
+        rng = np.random.default_rng(4)
+        data = rng.normal(size=(16, 5)), rng.integers(0, 3, size=16)
+        run = lambda **kw: train.fit(model, optax.adam(1e-2), data, epochs=2, batch_size=8,  # noqa: E731
+                                     key=jax.random.key(0), progress=False, **kw)
+        one, hist_one = run()
+        two, hist_two = run(strategy=Strategy("pipe", pipeline=2, split_points=("2",)), devices=2)
+        assert [h["train_loss"] for h in hist_two] == pytest.approx([h["train_loss"] for h in hist_one], rel=1e-12)
+        start = train.create_train_state(model, optax.adam(1e-2), jax.random.key(0)).params
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(one.params),
+                                                                 jax.tree.leaves(start))) > 1e-3  # it trained
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13), two.params, one.params)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13), two.opt_state,
+                     one.opt_state)
+
+
+def test_each_device_holds_its_own_stage():
+    with jax.enable_x64(True):
+        model = _mlp()
+        params = model.init(jax.random.key(2))
+        x, y = np.zeros((2, 5)), np.zeros(2, np.int32)
+        plan = st.split(model, losses.cross_entropy, params, x, y, 2, ("2",))
+        shared, bufs = plan.pack(params)
+        assert shared == [] and plan.sizes == (5 * 37 + 37, 37 * 111 + 111 + 111 * 3 + 3)
+        assert bufs["float64"].shape == (2, max(plan.sizes))
+        placed = jax.device_put(bufs["float64"], jax.sharding.NamedSharding(pp.mesh(2), jax.sharding.PartitionSpec("pipe")))
+        assert {s.data.shape for s in placed.addressable_shards} == {(1, max(plan.sizes))}
+        jax.tree.map(np.testing.assert_array_equal, plan.unpack((shared, bufs)), params)
+
+
+def _int_crossing():
+    def forward(self, x):
+        pick = jnp.argmax(self.a(x), axis=-1)  # an int made from stage 0's params, read by stage 1
+        return self.b(x) + pick[:, None]
+
+    return nn.Composite(forward, a=nn.Linear(5, 3), b=nn.Linear(5, 3))
+
+
+@pytest.mark.parametrize(("model", "stages", "points", "match"), [
+    (lambda: nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.Linear(4, 3)), 2, None, "keeps state"),
+    (_mlp, 2, ("9",), r"split point '9' names no module the forward runs; modules at that depth: 0, 1, 2"),
+    (_mlp, 3, ("4", "2"), "in the order the forward runs them"),
+    (_mlp, 3, ("2",), "must be 2 dotted module paths"),
+    (_mlp, 4, None, "3 layers\\) does not split into 4 stages"),
+    (lambda: nn.Composite(lambda self, x: self.a(x), a=nn.Linear(5, 3)), 2, None, "no ModuleList or Sequential"),
+    (_int_crossing, 2, ("b",), r"int(32|64)\[2\] made before split point 'b' is used after it"),
+])
+def test_models_the_pipeline_cannot_take_are_refused_in_one_line(model, stages, points, match):
+    with jax.enable_x64(True):
+        m = model()
+        params = jax.eval_shape(m.init, jax.random.key(0))
+        x, y = jax.ShapeDtypeStruct((2, 5), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.int32)
+        with pytest.raises(ValueError, match=match) as e:
+            st.split(m, losses.cross_entropy, params, x, y, stages, points)
+    assert "\n" not in str(e.value)
+
+
+def test_fit_refuses_tensor_parallel_inside_a_models_stages():
+    from funcnet import train
+    from funcnet.parallel.strategy import Strategy
+
+    data = np.zeros((8, 5), np.float32), np.zeros(8, np.int32)
+    with pytest.raises(ValueError, match="tensor_parallel and fsdp inside the stages are for funcnet.gpt.GPT"):
+        train.fit(nn.MLP([5, 4, 3]), optax.sgd(0.1), data, epochs=1, batch_size=8, key=jax.random.key(0), progress=False,
+                  strategy=Strategy("pipe", pipeline=2, tensor_parallel=2), devices=4)

@@ -246,7 +246,7 @@ def split(model: Module, loss_fn: Callable, params, x, y, stages: int, split_poi
         vals = sorted((v for v in later if v in made_in and made_in[v] <= c and v not in free), key=producer.get)
         for v in vals:
             if not jnp.issubdtype(v.aval.dtype, jnp.inexact):
-                raise ValueError(f"{where}: a {v.aval.str_short()} value made before split point {points[c]!r} is "
+                raise ValueError(f"{where}: a value of type {v.aval.str_short()} made before split point {points[c]!r} is "
                                  f"used after it, and only float activations cross between stages; move the split "
                                  f"point so that the value is made and used in one stage")
         crossing.append(vals)
