@@ -130,18 +130,35 @@ def _mlp():
                          nn.Tanh(), nn.Linear(111, 3, dtype=jnp.float64))
 
 
-def test_an_mlp_by_split_points_equals_one_device(stages=3, kind="gpipe", points=("1", "4")):
-    """Stages whose activations differ in shape: (2, 37) and (2, 111) cross the cuts. The split points
-    are torch's SplitPoint.BEGINNING: stage 1 begins at the Tanh "1", stage 2 at the Linear "4"."""
+def _masked_mlp():
+    """A Composite MLP whose forward makes a scale and a mask up front (from no input or param) and
+    uses them two stages later: a stage recomputes such values rather than receiving them (the
+    bool mask could not cross)."""
+
+    def forward(self, x):
+        scale = jnp.arange(1, 38, dtype=x.dtype) / 37.0
+        odd = (jnp.arange(111) % 2).astype(bool)
+        h = jnp.tanh(self.a(x))
+        h = jnp.tanh(self.b(h * scale))
+        return self.c(jnp.where(odd, h, 0.0))
+
+    f64 = jnp.float64
+    return nn.Composite(forward, a=nn.Linear(5, 37, dtype=f64), b=nn.Linear(37, 111, dtype=f64),
+                        c=nn.Linear(111, 3, dtype=f64))
+
+
+def test_a_composite_by_split_points_equals_one_device():
+    """Stages whose activations differ in shape: (2, 37) and (2, 111) cross the two cuts; split points
+    are torch's SplitPoint.BEGINNING: stage 1 begins where the child "b" runs, stage 2 at "c"."""
     with jax.enable_x64(True):
-        model = _mlp()
+        model = _masked_mlp()
         params = model.init(jax.random.key(2))
         rng = np.random.default_rng(3)
         x, y = rng.normal(size=(8, 5)), rng.integers(0, 3, size=8)
         want, want_g = jax.value_and_grad(lambda p: losses.cross_entropy(model.apply(p, x), y))(params)
-        plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], stages, points)
+        plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], 3, ("b", "c"))
         assert plan.cuts == ((((2, 37), jnp.dtype("float64")),), (((2, 111), jnp.dtype("float64")),))
-        loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(stages), 4, kind))(
+        loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(3), 4, "gpipe"))(
             plan.pack(params), x, y, jax.random.key(0))
         np.testing.assert_allclose(loss, want, rtol=1e-12, atol=0)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14), plan.unpack(grads), want_g)
@@ -219,3 +236,22 @@ def test_fit_refuses_tensor_parallel_inside_a_models_stages():
     with pytest.raises(ValueError, match="tensor_parallel and fsdp inside the stages are for funcnet.gpt.GPT"):
         train.fit(nn.MLP([5, 4, 3]), optax.sgd(0.1), data, epochs=1, batch_size=8, key=jax.random.key(0), progress=False,
                   strategy=Strategy("pipe", pipeline=2, tensor_parallel=2), devices=4)
+
+
+def test_the_gpt_fast_path_is_taken_only_for_the_gpt_itself():
+    """By the identity of the model's apply: a model with the GPT's name, params and config but another
+    forward (a converted GPT, a wrapped one) is split by its own graph, never trained as funcnet's GPT."""
+    from funcnet import gpt
+    from funcnet.parallel import mesh as pm
+    from funcnet.parallel.strategy import Strategy
+
+    cfg = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=2, n_head=2, n_embd=16)
+    model = gpt.GPT(cfg)
+    assert pm._gpt_config(model, Strategy("pipe", pipeline=2)) == cfg
+    assert pm._gpt_config(model, Strategy("pipe", pipeline=2, config=cfg)) == cfg
+    other = model._replace(apply=lambda p, x, **kw: model.apply(p, x, **kw) * 2.0)
+    assert other.name == model.name and pm._gpt_config(other, Strategy("pipe", pipeline=2, config=cfg)) is None
+    assert pm._gpt_config(nn.MLP([4, 3]), Strategy("pipe", pipeline=2, config=cfg)) is None
+    assert pm._gpt_config(gpt.GPT(cfg._replace(dropout=0.1)), Strategy("pipe", pipeline=2)) is None
+    with pytest.raises(ValueError, match="is not the model's GPTConfig"):
+        pm._gpt_config(model, Strategy("pipe", pipeline=2, config=cfg._replace(n_layer=4)))
