@@ -18,10 +18,11 @@ the run on one up to float summation order.
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
   ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
-- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the GPT's blocks in ``pipeline`` stages
-  (GPipe or 1F1B over ``microbatches``) on one ``(data, fsdp, model, pipe)`` mesh:
-  ``Strategy("pipe", pipeline=2, tensor_parallel=2, config=cfg)`` on 8 devices is data 2 x
-  model 2 x pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
+- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the model passed in ``pipeline`` stages (GPipe
+  or 1F1B over ``microbatches``): any model cut at ``split_points`` (``parallel.stages``), or
+  funcnet's GPT by its stacked blocks on one ``(data, fsdp, model, pipe)`` mesh:
+  ``Strategy("pipe", pipeline=2, tensor_parallel=2)`` on 8 devices is data 2 x model 2 x
+  pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
 """
 
 from __future__ import annotations
