@@ -177,7 +177,7 @@ def test_fit_pipelines_the_model_passed_and_equals_one_device():
         run = lambda **kw: train.fit(model, optax.adam(1e-2), data, epochs=2, batch_size=8,  # noqa: E731
                                      key=jax.random.key(0), progress=False, **kw)
         one, hist_one = run()
-        two, hist_two = run(strategy=Strategy("pipe", pipeline=2, split_points=("2",)), devices=2)
+        two, hist_two = run(devices=4, strategy=Strategy("pipe", pipeline=2, split_points=("2",), microbatches=2))
         assert [h["train_loss"] for h in hist_two] == pytest.approx([h["train_loss"] for h in hist_one], rel=1e-12)
         start = train.create_train_state(model, optax.adam(1e-2), jax.random.key(0)).params
         assert max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(one.params),
@@ -185,6 +185,29 @@ def test_fit_pipelines_the_model_passed_and_equals_one_device():
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13), two.params, one.params)
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13), two.opt_state,
                      one.opt_state)
+
+
+def test_dropout_draws_each_microbatchs_mask_once_for_its_forward_and_backward():
+    """Microbatch m runs under the key fold_in(key, m), in both stages and in the backward's rerun: the
+    loss and gradients are those of the one-device model applied to each microbatch with that key."""
+    with jax.enable_x64(True):
+        f64 = jnp.float64
+        model = nn.Sequential(nn.Linear(5, 16, dtype=f64), nn.Dropout(0.5), nn.Linear(16, 16, dtype=f64),
+                              nn.Dropout(0.5), nn.Linear(16, 3, dtype=f64))
+        params = model.init(jax.random.key(2))
+        rng = np.random.default_rng(5)
+        x, y = rng.normal(size=(4, 5)), rng.integers(0, 3, size=4)
+        key = jax.random.key(7)
+
+        def one_device(p):
+            return sum(losses.cross_entropy(model.apply(p, x[2 * m:2 * m + 2], key=jax.random.fold_in(key, m),
+                                                        train=True), y[2 * m:2 * m + 2]) for m in range(2)) / 2
+
+        want, want_g = jax.value_and_grad(one_device)(params)
+        plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], 2, ("2",))
+        loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(2), 2, "1f1b"))(plan.pack(params), x, y, key)
+        np.testing.assert_allclose(loss, want, rtol=1e-12, atol=0)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-14), plan.unpack(grads), want_g)
 
 
 def test_each_device_holds_its_own_stage():

@@ -127,7 +127,7 @@ def _gpt_config(model, strategy):
     """The model's ``GPTConfig`` when the model IS a ``funcnet.gpt.GPT`` (its apply's identity)
     without dropout, so the stacked-block fast path trains it; None: the model is split by its graph."""
     config = _gpt.config_of(model)
-    if config is not None and strategy.config is not None and tuple(strategy.config) != tuple(config):
+    if config is not None and strategy.config is not None and strategy.config != config:
         raise ValueError(f"strategy='pipe': Strategy(config={strategy.config}) is not the model's {config}; leave "
                          f"config out (the model passed is the model trained)")
     return config if config is not None and not config.dropout else None
