@@ -155,7 +155,7 @@ def test_a_composite_by_split_points_equals_one_device():
         params = model.init(jax.random.key(2))
         rng = np.random.default_rng(3)
         x, y = rng.normal(size=(8, 5)), rng.integers(0, 3, size=8)
-        want, want_g = jax.value_and_grad(lambda p: losses.cross_entropy(model.apply(p, x), y))(params)
+        want, want_g = jax.jit(jax.value_and_grad(lambda p: losses.cross_entropy(model.apply(p, x), y)))(params)
         plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], 3, ("b", "c"))
         assert plan.cuts == ((((2, 37), jnp.dtype("float64")),), (((2, 111), jnp.dtype("float64")),))
         loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(3), 4, "gpipe"))(
@@ -203,7 +203,7 @@ def test_dropout_draws_each_microbatchs_mask_once_for_its_forward_and_backward()
             return sum(losses.cross_entropy(model.apply(p, x[2 * m:2 * m + 2], key=jax.random.fold_in(key, m),
                                                         train=True), y[2 * m:2 * m + 2]) for m in range(2)) / 2
 
-        want, want_g = jax.value_and_grad(one_device)(params)
+        want, want_g = jax.jit(jax.value_and_grad(one_device))(params)
         plan = st.split(model, losses.cross_entropy, params, x[:2], y[:2], 2, ("2",))
         loss, grads = jax.jit(st.make_value_and_grad(plan, pp.mesh(2), 2, "1f1b"))(plan.pack(params), x, y, key)
         np.testing.assert_allclose(loss, want, rtol=1e-12, atol=0)
