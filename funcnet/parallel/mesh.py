@@ -17,9 +17,11 @@ torchtitan composes them. Here the composition is one program:
   split over ``pipe``), the optimizer state likewise; ``get`` gives the GPT's own layout back,
   so callbacks, checkpoints and the returned state look as on one device.
 
-Limits: the model is a ``funcnet.gpt.GPT`` with ``dropout=0``, trained on its cross entropy
-(the per-step metrics are the loss alone), without a loss scale or ``accum_steps`` (the
-microbatches are the accumulation), in one process.
+This GPT path runs only when the model IS a ``funcnet.gpt.GPT`` with ``dropout=0``
+(``gpt.config_of``, the identity of its apply), trained on its cross entropy; any other model
+is cut into stages by ``parallel.stages`` (``pipeline`` and ``data`` axes alone). Both: the
+per-step metrics are the loss alone, no loss scale or ``accum_steps`` (the microbatches are
+the accumulation), one process.
 """
 
 from __future__ import annotations
