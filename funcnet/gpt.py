@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import NamedTuple
 
 import jax
@@ -259,10 +260,25 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
     ))
     shown = [(k, v) for k, v in config._asdict().items() if k != "qkv_groups" or v != 1]
     remat_name = "" if remat is None else f", remat={remat if isinstance(remat, str) else 'policy'}"
-    return nn.Composite(
+    model = nn.Composite(
         forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in shown)}{remat_name})",
         transformer=transformer, lm_head=_linear(config.n_embd, config.vocab_size, False, dtype),
         tied={"lm_head.weight": "transformer.wte.weight"})
+    _MADE[model.apply] = config
+    return model
+
+
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the apply of each model GPT built -> its config
+
+
+def config_of(model) -> GPTConfig | None:
+    """The ``GPTConfig`` of a model ``GPT(config)`` built (known by the identity of its ``apply``,
+    not its name or params), else None: what lets a strategy take a GPT-only fast path."""
+    apply = getattr(model, "apply", None)
+    try:
+        return _MADE.get(apply) if apply is not None else None
+    except TypeError:  # an apply that cannot be weakly referenced was not built here
+        return None
 
 
 def build(vocab_size: int, block_size: int = 64, *, n_layer: int = 3, n_head: int = 4, n_embd: int = 96,

@@ -192,8 +192,9 @@ class _Scope:
         state = self._state
         for p in path:
             state = state.get(p, {}) if isinstance(state, Mapping) else {}
-        y, new_state = call(module, params, state if module.has_state else None, *inputs,
-                            key=self.key_or_none(), train=self.training, **kwargs)
+        with jax.named_scope(".".join(path)):  # the jaxpr's name stack: where a pipeline split point is found
+            y, new_state = call(module, params, state if module.has_state else None, *inputs,
+                                key=self.key_or_none(), train=self.training, **kwargs)
         if module.has_state:
             node = self._state
             for p in path[:-1]:
@@ -383,7 +384,8 @@ def Sequential(*layers: Module) -> Module:
             state = dict(require_state(state, init_state, "Sequential"))
         keys = [None] * len(layers) if key is None else list(jax.random.split(key, max(len(layers), 1)))
         for (i, layer), k in zip(items, keys):
-            x, new = call(layer, params.get(i, {}), state.get(i) if stateful else None, x, key=k, train=train)
+            with jax.named_scope(i):
+                x, new = call(layer, params.get(i, {}), state.get(i) if stateful else None, x, key=k, train=train)
             if layer.has_state:
                 state[i] = new
         return (x, state) if stateful else x

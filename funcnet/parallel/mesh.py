@@ -17,9 +17,11 @@ torchtitan composes them. Here the composition is one program:
   split over ``pipe``), the optimizer state likewise; ``get`` gives the GPT's own layout back,
   so callbacks, checkpoints and the returned state look as on one device.
 
-Limits: the model is a ``funcnet.gpt.GPT`` with ``dropout=0``, trained on its cross entropy
-(the per-step metrics are the loss alone), without a loss scale or ``accum_steps`` (the
-microbatches are the accumulation), in one process.
+This GPT path runs only when the model IS a ``funcnet.gpt.GPT`` with ``dropout=0``
+(``gpt.config_of``, the identity of its apply), trained on its cross entropy; any other model
+is cut into stages by ``parallel.stages`` (``pipeline`` and ``data`` axes alone). Both: the
+per-step metrics are the loss alone, no loss scale or ``accum_steps`` (the microbatches are
+the accumulation), one process.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from funcnet import gpt as _gpt
 from funcnet import losses as _losses
 from funcnet import step as _step
 from funcnet.parallel import data as _data
 from funcnet.parallel import pipeline as _pipeline
+from funcnet.parallel import stages as _stages
 from funcnet.parallel import tensor as _tensor
 
 __all__ = ["AXES", "mesh", "to_pipeline", "from_pipeline", "pipe_parallel"]
@@ -101,12 +105,9 @@ def _shardings(state: _step.TrainState, m: Mesh, vocab: str) -> _step.TrainState
                           loss_scale=rep(state.loss_scale), model_state=rep(state.model_state))
 
 
-def _check(strategy, loss_fn, step_options, n: int) -> dict:
-    config, kind = strategy.config, "strategy='pipe'"
-    if config is None or not hasattr(config, "n_layer"):
-        raise ValueError(f"{kind} pipelines a funcnet.gpt.GPT: pass Strategy('pipe', pipeline=P, config=<its "
-                         f"GPTConfig>), got config={config!r:.60}")
-    if loss_fn is not _losses.cross_entropy:
+def _check(strategy, loss_fn, step_options, n: int, gpt: bool = True) -> dict:
+    kind = "strategy='pipe'"
+    if gpt and loss_fn is not _losses.cross_entropy:
         raise ValueError(f"{kind} trains the GPT on its cross entropy (computed on the last stage); leave loss_fn out")
     if step_options.get("accum_steps", 1) != 1 or step_options.get("policy") is not None:
         raise ValueError(f"{kind} runs without accum_steps (the microbatches accumulate) and in float32 params; "
@@ -124,15 +125,30 @@ def _check(strategy, loss_fn, step_options, n: int) -> dict:
     return {**sizes, "data": n // inner}
 
 
-def pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options) -> _data.DataParallel:
-    """``fit``'s ``"pipe"`` strategy: the pipelined GPT step on ``mesh(data, fsdp, model, pipe)``
-    as a ``DataParallel`` whose ``put_state`` takes (and ``get`` gives) the GPT's own layout."""
+def _gpt_config(model, strategy):
+    """The model's ``GPTConfig`` when the model IS a ``funcnet.gpt.GPT`` (its apply's identity)
+    without dropout, so the stacked-block fast path trains it; None: the model is split by its graph."""
+    config = _gpt.config_of(model)
+    if config is not None and strategy.config is not None and strategy.config != config:
+        raise ValueError(f"strategy='pipe': Strategy(config={strategy.config}) is not the model's {config}; leave "
+                         f"config out (the model passed is the model trained)")
+    return config if config is not None and not config.dropout else None
+
+
+def pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options,
+                  example=None) -> _data.DataParallel:
+    """``fit``'s ``"pipe"`` strategy as a ``DataParallel`` whose ``put_state`` takes (and ``get``
+    gives) the model's own layout: funcnet's GPT by its stacked blocks on ``mesh(data, fsdp,
+    model, pipe)``; any other model split by ``parallel.stages`` (``example``: one batch's
+    ``(x, y)`` shapes, to trace it on)."""
     if jax.process_count() > 1:
         raise ValueError("strategy='pipe' in fit runs in one process")
     n = devices or len(jax.devices())
+    config = _gpt_config(model, strategy)
+    if config is None:
+        return _pipe_any(model, tx, loss_fn, strategy, n, state_shapes, step_options, example)
     sizes = _check(strategy, loss_fn, step_options, n)
     m = mesh(**sizes)
-    config = strategy.config
     micro = strategy.microbatches or sizes["pipe"]
     vocab = "split" if config.vocab_size % sizes["model"] == 0 else "replicate"
     if sizes["model"] > 1:
@@ -168,5 +184,83 @@ def pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_opti
     def get(tree):
         tree = jax.device_put(tree, jax.devices()[0])
         return from_pipeline(tree, like.params) if isinstance(tree, _step.TrainState) else tree
+
+    return _data.DataParallel("pipe", m.devices.size, step, put_state, put_batch, get)
+
+
+def _pipe_any(model, tx, loss_fn, strategy, n: int, state_shapes, step_options, example) -> _data.DataParallel:
+    """The pipelined step of any model: ``parallel.stages`` splits it at ``strategy.split_points``
+    (or evenly by layer); the train state holds the params and their optimizer state packed
+    (``plan.pack``: shared arrays replicated, each stage's buffer on its ``pipe`` device)."""
+    where = f"strategy='pipe' on {model.name:.60}"
+    sizes = _check(strategy, loss_fn, step_options, n, gpt=False)
+    if sizes["model"] > 1 or sizes["fsdp"] > 1:
+        raise ValueError(f"{where}: tensor_parallel and fsdp inside the stages are for funcnet.gpt.GPT (without "
+                         f"dropout); pipeline this model with pipeline= (and the data axis) alone")
+    if example is None:
+        raise ValueError(f"{where}: batches from a Loader are not pipelined for models other than funcnet.gpt.GPT "
+                         f"(the split is traced on the batch's shape); pass train_data as (x, y) arrays")
+    m = mesh(data=sizes["data"], pipe=sizes["pipe"])
+    micro = strategy.microbatches or sizes["pipe"]
+    x, y = example
+    per = micro * sizes["data"]
+    if x.shape[0] % per:
+        raise ValueError(f"{where}: a batch of {x.shape[0]} does not split into {micro} microbatches over a data "
+                         f"axis of {sizes['data']}; pick a batch_size that is a multiple of {per}")
+    mb = lambda a: jax.ShapeDtypeStruct((a.shape[0] // per, *a.shape[1:]), a.dtype)  # noqa: E731
+    like = jax.eval_shape(state_shapes)
+    if like.model_state:
+        raise ValueError(f"{where}: the model keeps state (running statistics), which the pipeline's stages do not "
+                         f"carry; train it with strategy='shard_map' or 'fsdp', or use LayerNorm/GroupNorm")
+    plan = _stages.split(model, loss_fn, like.params, mb(x), mb(y), sizes["pipe"], strategy.split_points)
+    vg = _stages.make_value_and_grad(plan, m, micro, strategy.schedule)
+    params_def = jax.tree.structure(like.params)
+
+    def to_packed(state):
+        return state._replace(params=plan.pack(state.params),
+                              opt_state=_params_like(state.opt_state, params_def, plan.pack))
+
+    packed_like = jax.eval_shape(lambda: to_packed(state_shapes()))
+    packed_def = jax.tree.structure(packed_like.params)
+    replicated, split = NamedSharding(m, P()), NamedSharding(m, P("pipe"))
+    place = lambda t: (jax.tree.map(lambda _: replicated, t[0]), jax.tree.map(lambda _: split, t[1]))  # noqa: E731
+    opt = _params_like(packed_like.opt_state, packed_def, place)
+    opt = jax.tree.map(lambda s: s if isinstance(s, NamedSharding) else replicated, opt,
+                       is_leaf=lambda s: isinstance(s, NamedSharding))
+    rep = lambda t: jax.tree.map(lambda _: replicated, t)  # noqa: E731
+    shardings = packed_like._replace(params=place(packed_like.params), opt_state=opt, step=replicated,
+                                     key=replicated, loss_scale=rep(packed_like.loss_scale),
+                                     model_state=rep(packed_like.model_state))
+
+    def raw(state, batch):
+        key = jax.random.fold_in(jax.random.fold_in(state.key, 1), state.step)  # make_step's dropout key
+        loss, grads = vg(state.params, *batch, key)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                             step=state.step + 1)
+        return jax.lax.with_sharding_constraint(new, shardings), {"loss": loss}
+
+    step = jax.jit(raw, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated),
+                   donate_argnums=(0,))
+    step.raw, step.shardings, step.mesh, step.schedule, step.plan = raw, shardings, m, vg.schedule, plan
+
+    def put_state(tree):
+        if isinstance(tree, _step.TrainState):
+            return jax.device_put(to_packed(tree), shardings)
+        return jax.device_put(tree, replicated)
+
+    def put_batch(batch):
+        b = int(np.shape(batch[0])[0])
+        if b % per:
+            raise ValueError(f"{where}: a batch of {b} does not split into {micro} microbatches over a data axis of "
+                             f"{sizes['data']}; pick a batch_size that is a multiple of {per}")
+        return jax.device_put(batch, replicated)
+
+    def get(tree):
+        tree = jax.device_put(tree, jax.devices()[0])
+        if not isinstance(tree, _step.TrainState):
+            return tree
+        return tree._replace(params=plan.unpack(tree.params),
+                             opt_state=_params_like(tree.opt_state, packed_def, plan.unpack))
 
     return _data.DataParallel("pipe", m.devices.size, step, put_state, put_batch, get)

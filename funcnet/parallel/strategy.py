@@ -18,10 +18,11 @@ the run on one up to float summation order.
   model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
   and the rest on data (default: all on model). The GPT is built with
   ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
-- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the GPT's blocks in ``pipeline`` stages
-  (GPipe or 1F1B over ``microbatches``) on one ``(data, fsdp, model, pipe)`` mesh:
-  ``Strategy("pipe", pipeline=2, tensor_parallel=2, config=cfg)`` on 8 devices is data 2 x
-  model 2 x pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
+- ``"pipe"``: ``parallel.mesh.pipe_parallel``, the model passed in ``pipeline`` stages (GPipe
+  or 1F1B over ``microbatches``): any model cut at ``split_points`` (``parallel.stages``), or
+  funcnet's GPT by its stacked blocks on one ``(data, fsdp, model, pipe)`` mesh:
+  ``Strategy("pipe", pipeline=2, tensor_parallel=2)`` on 8 devices is data 2 x model 2 x
+  pipe 2; ``fsdp=f`` splits the params over an ``fsdp`` axis too.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ class Strategy(NamedTuple):
     ``"local"``), ``zero`` (fsdp's level: 3 or 1), ``tensor_parallel`` (tp's model axis; 0:
     every device), and for ``"pipe"``: ``pipeline`` (stages on the ``pipe`` axis), ``fsdp``
     (devices on the ``fsdp`` axis), ``microbatches`` (0: one per stage), ``schedule``
-    (``"1f1b"`` or ``"gpipe"``) and ``config`` (the ``GPTConfig`` of the model)."""
+    (``"1f1b"`` or ``"gpipe"``), ``split_points`` (dotted module paths where stages 1.. begin;
+    None: the longest layer list cut evenly) and ``config`` (optional: checked against the model
+    when it is funcnet's GPT, whose stacked-block fast path then runs)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
@@ -66,6 +69,7 @@ class Strategy(NamedTuple):
     microbatches: int = 0
     schedule: str = "1f1b"
     config: Any = None
+    split_points: Any = None
 
 
 class Runner(NamedTuple):
@@ -99,10 +103,11 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
         raise ValueError(f"unknown strategy {strategy.kind!r}; expected one of {', '.join(STRATEGIES)} "
                          f"(or 'ddp', an alias of 'shard_map')")
     extra = {k: v for k, v in (("pipeline", strategy.pipeline), ("fsdp", strategy.fsdp), ("microbatches",
-             strategy.microbatches), ("config", strategy.config)) if v != Strategy._field_defaults[k]}
+             strategy.microbatches), ("config", strategy.config), ("split_points", strategy.split_points))
+             if v != Strategy._field_defaults[k]}
     if kind != "pipe" and extra:
         raise ValueError(f"strategy {kind!r} takes no {', '.join(extra)}: those are Strategy('pipe', ...)'s (the "
-                         f"pipeline's stages, its fsdp axis, microbatches and GPTConfig)")
+                         f"pipeline's stages, its fsdp axis, microbatches, GPTConfig and split points)")
     if kind == "single" and devices not in (None, 1):
         raise ValueError(f"strategy='single' runs on one device, but devices={devices}; pass strategy='shard_map' "
                          f"(or 'pmap', 'sharding', 'fsdp') to train on {devices} devices")
@@ -127,7 +132,8 @@ def runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, x, y, ba
 
         same = lambda t: t  # noqa: E731
         return Runner(strategy, 1, epoch, same, same)
-    dp = _placed(model, tx, loss_fn, strategy, devices, batch_size, state_shapes, step_options)
+    example = tuple(jax.ShapeDtypeStruct((batch_size, *np.shape(a)[1:]), jnp.asarray(a[:1]).dtype) for a in (x, y))
+    dp = _placed(model, tx, loss_fn, strategy, devices, batch_size, state_shapes, step_options, example)
     x_host, y_host = np.asarray(x), np.asarray(y)
 
     def run_steps(state, indices, lo, hi):
@@ -169,10 +175,12 @@ def batch_runner(model, tx, loss_fn, strategy: Strategy, devices: int | None, ba
     return BatchRunner(strategy, dp.n_devices, step, dp.put_state, dp.get)
 
 
-def _placed(model, tx, loss_fn, strategy: Strategy, devices, batch_size: int, state_shapes, step_options):
-    """The ``parallel.DataParallel`` of a strategy other than ``"single"``, its batch size checked."""
+def _placed(model, tx, loss_fn, strategy: Strategy, devices, batch_size: int, state_shapes, step_options,
+            example=None):
+    """The ``parallel.DataParallel`` of a strategy other than ``"single"``, its batch size checked;
+    ``example``: one batch's ``(x, y)`` shapes (the pipeline traces the model on them)."""
     if strategy.kind == "pipe":
-        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
+        dp = _mesh.pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options, example)
     elif strategy.kind in ("fsdp", "zero1", "zero2", "tp"):
         dp = _sharded_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_options)
     else:
