@@ -14,10 +14,14 @@ the run on one up to float summation order.
   ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
 - ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
   state (for 2 also the gradients the optimizer receives) sharded over the devices.
-- ``"tp"``: ``parallel.tensor.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
-  model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
-  and the rest on data (default: all on model). The GPT is built with
-  ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
+- ``"tp"``: ``parallel.tensor.make_tp_step`` on a ``(data, 1, model)`` mesh;
+  ``Strategy("tp", tensor_parallel=t, plan={...})`` puts ``t`` devices on the model axis and
+  the rest on data (default: all on model) and lays the params out by the plan
+  (``{"blocks.*.fc": ColwiseParallel(), ...}``, torch's ``parallelize_module`` plan). Without
+  a plan only ``funcnet.gpt.GPT`` is taken (Megatron's rules, ``parallel.tensor.gpt_plan``;
+  its embedding split by vocabulary when ``t`` divides it, else whole; built with
+  ``GPTConfig(qkv_groups=t)``, parallel.tensor.check_config says why); any other model is
+  refused before anything compiles.
 - ``"pipe"``: ``parallel.mesh.pipe_parallel``, the GPT's blocks in ``pipeline`` stages
   (GPipe or 1F1B over ``microbatches``) on one ``(data, fsdp, model, pipe)`` mesh:
   ``Strategy("pipe", pipeline=2, tensor_parallel=2, config=cfg)`` on 8 devices is data 2 x
@@ -55,7 +59,8 @@ class Strategy(NamedTuple):
     ``"local"``), ``zero`` (fsdp's level: 3 or 1), ``tensor_parallel`` (tp's model axis; 0:
     every device), and for ``"pipe"``: ``pipeline`` (stages on the ``pipe`` axis), ``fsdp``
     (devices on the ``fsdp`` axis), ``microbatches`` (0: one per stage), ``schedule``
-    (``"1f1b"`` or ``"gpipe"``) and ``config`` (the ``GPTConfig`` of the model)."""
+    (``"1f1b"`` or ``"gpipe"``) and ``config`` (the ``GPTConfig`` of the model); for ``"tp"``:
+    ``plan`` (``{module-path pattern: style}``, see ``parallel.tensor``)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
@@ -66,6 +71,7 @@ class Strategy(NamedTuple):
     microbatches: int = 0
     schedule: str = "1f1b"
     config: Any = None
+    plan: Any = None
 
 
 class Runner(NamedTuple):
@@ -100,6 +106,8 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
                          f"(or 'ddp', an alias of 'shard_map')")
     extra = {k: v for k, v in (("pipeline", strategy.pipeline), ("fsdp", strategy.fsdp), ("microbatches",
              strategy.microbatches), ("config", strategy.config)) if v != Strategy._field_defaults[k]}
+    if kind != "tp" and strategy.plan is not None:
+        raise ValueError(f"strategy {kind!r} takes no plan: a tensor-parallel plan is Strategy('tp', plan=...)'s")
     if kind != "pipe" and extra:
         raise ValueError(f"strategy {kind!r} takes no {', '.join(extra)}: those are Strategy('pipe', ...)'s (the "
                          f"pipeline's stages, its fsdp axis, microbatches and GPTConfig)")
@@ -207,13 +215,20 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
             raise ValueError(f"strategy='tp': tensor_parallel={t} must divide the {n} devices (the rest is the data "
                              f"axis)")
         mesh = _tp.mesh(data=n // t, model=t)
-        step = _tp.make_tp_step(model, tx, loss_fn, mesh, state=shapes, **step_options)
+        vocab = "split"
+        config = _tp.gpt_config_of(model) if strategy.plan is None else None
+        if config is not None and config.vocab_size % t:
+            vocab = "replicate"  # the embedding whole on each model device, as strategy='pipe' does
+        step = _tp.make_tp_step(model, tx, loss_fn, mesh, state=shapes, plan=strategy.plan, vocab=vocab,
+                                **step_options)
     replicated = NamedSharding(mesh, P())
     n = mesh.devices.size
+    pad = getattr(step, "pad", lambda t: t)  # fsdp's and zero's keep an uneven axis padded (fsdp.pad)
+    unpad = getattr(step, "unpad", lambda t: t)
 
     def put_state(tree):
         if isinstance(tree, TrainState):
-            return jax.device_put(tree, step.shardings)
+            return jax.device_put(pad(tree), step.shardings)
         return jax.device_put(tree, replicated)
 
     def put_batch(batch):
@@ -221,7 +236,8 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
         return jax.device_put(batch, step.batch_sharding)
 
     def get(tree):
-        return jax.device_put(tree, jax.devices()[0])
+        tree = jax.device_put(tree, jax.devices()[0])
+        return unpad(tree) if isinstance(tree, TrainState) else tree
 
     # n_devices is the whole mesh: the batch check asks a multiple of it, stricter than tp's data axis needs
     dp = _parallel.DataParallel(kind, n, step, put_state, put_batch, get)
