@@ -252,9 +252,7 @@ def plan_spec(plan: dict, names: tuple, shape: tuple, mesh: Mesh, *, embeddings:
         free = [i for i, n in enumerate(shape) if axes[i] is None and n % f == 0]
         if free:
             axes[max(free, key=lambda i: (shape[i], -i))] = "fsdp"
-    while axes and axes[-1] is None:
-        axes.pop()
-    return P(*axes)
+    return P(*axes) if any(axes) else P()
 
 
 def param_spec(names: tuple, shape: tuple, mesh: Mesh, *, vocab: str = "split") -> P:
@@ -299,6 +297,16 @@ def gpt_config_of(model):
     return gpt.GPTConfig(**fields) if {"vocab_size", "n_head", "n_layer"} <= set(fields) else None
 
 
+def _module_list(params, most: int = 8) -> str:
+    """The dotted paths of the modules owning ``params``' leaves, the first ``most`` of them."""
+    modules = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+        m = ".".join(_names(path)[:-1])
+        if m not in modules:
+            modules.append(m)
+    return ", ".join(modules[:most]) + (", ..." if len(modules) > most else "")
+
+
 def check_plan(plan: Any, params: Any, mesh: Mesh, *, model=None) -> None:
     """Raise, in one line naming the fix, unless ``plan`` is a dict of pattern -> style whose every
     pattern matches a parameter of ``params`` and which splits some parameter over ``model``."""
@@ -311,12 +319,10 @@ def check_plan(plan: Any, params: Any, mesh: Mesh, *, model=None) -> None:
             raise TypeError(f"tensor plan: {pattern!r}: {style!r:.60} is not a style; use ColwiseParallel(), "
                             f"RowwiseParallel(), Shard(dim) or Replicate() from funcnet.parallel.tensor")
     names = [_names(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    modules = sorted({".".join(n[:-1]) for n in names})
     for pattern in plan:
         if not any(_style_of({pattern: Replicate()}, n)[0] for n in names):
-            shown = ", ".join(modules[:8]) + (", ..." if len(modules) > 8 else "")
             raise ValueError(f"tensor plan: pattern {pattern!r} matches no parameter of the model; its modules are "
-                             f"{shown} ('*' matches any run of characters, dots included)")
+                             f"{_module_list(params)} ('*' matches any run of characters, dots included)")
     if _axis_size(mesh, "model") > 1:
         emb = _embeddings(model)
         split = [n for n, (_, a) in zip(names, jax.tree_util.tree_flatten_with_path(params)[0])
@@ -374,9 +380,11 @@ def make_tp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: Mes
     if plan is None:
         config = gpt_config_of(model) if config is None else config
         if config is None:
-            raise ValueError(f"tensor parallelism needs a plan for {str(getattr(model, 'name', model))[:60]}: pass "
-                             f"plan={{'<module path pattern>': ColwiseParallel() or RowwiseParallel(), ...}} "
-                             f"(parallel.tensor; only funcnet.gpt.GPT has one built in)")
+            kind = str(getattr(model, "name", type(model).__name__)).split("(")[0]
+            raise ValueError(f"tensor parallelism needs a plan for this {kind} (only funcnet.gpt.GPT has one built "
+                             f"in): pass plan={{'<module path pattern>': ColwiseParallel() or RowwiseParallel(), ...}}"
+                             f" (parallel.tensor; make_tp_step(plan=) or Strategy('tp', plan=)) over its modules "
+                             f"{_module_list(state.params)}")
         check_config(config, mesh, vocab)
         plan = gpt_plan(vocab)
     else:
