@@ -127,7 +127,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         if on_steps is not None and args.max_steps is not None:
             every = every or args.max_steps  # a checkpoint where --max-steps stops inside an epoch
         hooks = Callback(on_epoch, on_steps if every else None, every)
-        parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
+        parallel = {"devices": args.devices, "strategy": _strategy(args, model)} if data_parallel else {}
         # --stream: the Loader is the training data (its order and position: state.step)
         state, history = train.fit(model, tx, (x_tr, y_tr) if stream is None else stream, (x_te, y_te),
                                    batch_size=args.batch_size, precision=Precision(policy, loss_scale),
@@ -240,6 +240,43 @@ def _check_backend() -> None:
                          f"or set JAX_PLATFORMS=cpu") from None
 
 
+def _strategy(args, model):
+    """fit's strategy for --parallel: its name, or for tp the MLP's plan: its Linear layers in pairs,
+    column- then row-parallel (Megatron's MLP), a last unpaired layer whole."""
+    if args.parallel != "tp":
+        return args.parallel
+    from funcnet.parallel import strategy as _strategy_mod
+    from funcnet.parallel import tensor as tp
+
+    linears = [str(i) for i in range(0, 2 * (len(args.hidden) + 1), 2)]  # nn.MLP: Linear, activation, ...
+    plan = {name: tp.ColwiseParallel() if i % 2 == 0 else tp.RowwiseParallel()
+            for i, name in enumerate(linears[:len(linears) // 2 * 2])}
+    if not plan:
+        raise UsageError("--parallel tp splits the MLP's hidden layers; give it one (--hidden 128)")
+    return _strategy_mod.Strategy("tp", plan=plan)
+
+
+def _check_tp(args) -> None:
+    """--parallel tp has a plan for --model mlp only, whose hidden widths --devices must divide."""
+    if args.parallel != "tp":
+        return
+    if args.model != "mlp":
+        why = {"gpt": "the GPT's Megatron plan needs c_attn packed for the model axis (GPTConfig(qkv_groups=N)), "
+                      "which funcnet train does not build; from Python: fit(strategy=Strategy('tp', "
+                      "tensor_parallel=N)) on gpt.GPT(GPTConfig(..., qkv_groups=N))",
+               "cnn": "funcnet train has no plan for the ConvNet; from Python: fit(strategy=Strategy('tp', plan=...))",
+               "lstm": "an LSTM's gates are packed in one matrix, which no column/row plan splits whole"}[args.model]
+        raise UsageError(f"--parallel tp takes --model mlp; for --model {args.model}: {why}; or use --parallel fsdp, "
+                         f"zero1 or zero2")
+    hidden = args.hidden or [128]
+    split = hidden[0:2 * ((len(hidden) + 1) // 2):2]  # a column-parallel layer's outputs, its row partner's inputs
+    bad = [h for h in split if h % args.devices]
+    if bad:
+        raise UsageError(f"--parallel tp splits each hidden layer over --devices {args.devices}, which does not "
+                         f"divide --hidden {' '.join(map(str, hidden))}; use widths that are multiples of "
+                         f"{args.devices}")
+
+
 def _parallel_flags(args) -> None:
     """--devices N / --parallel KIND (default shard_map). On a CPU-only machine the N devices
     are simulated, which must happen before JAX's backend starts: importing funcnet does
@@ -251,6 +288,7 @@ def _parallel_flags(args) -> None:
         raise UsageError(f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
                          f"use a multiple of {args.devices} (e.g. {f'{lo} or ' if lo else ''}{hi})")
     args.parallel = args.parallel or "shard_map"
+    _check_tp(args)
     try:
         parallel.simulate_cpu_devices(args.devices)
     except RuntimeError as e:
