@@ -255,3 +255,18 @@ def _fit_with_a_plan_and_refusals():
         tp.plan_spec({"x": tp.ColwiseParallel()}, ("x", "weight"), (6, 4), tp.mesh(1, 1, 4))
     with pytest.raises(ValueError, match="takes no plan"):
         run(strategy=strategy.Strategy("fsdp", plan=PLAN), devices=2)
+
+
+def test_an_embeddings_styles_are_torchs_its_weight_being_the_transpose_of_a_linears():
+    # torch: RowwiseParallel on nn.Embedding splits the vocabulary (weight dim 0), ColwiseParallel the embedding
+    # dim (1); on nn.Linear, whose weight is (out, in), the other way round
+    from funcnet import nn
+
+    model = nn.Sequential(nn.Embedding(32, 16), nn.Linear(16, 8))
+    state = jax.eval_shape(lambda: fstep.create_train_state(model, optax.sgd(0.1), jax.random.key(0)))
+    m = tp.mesh(1, 1, 2)
+    for emb_style, linear_style, emb_spec, linear_spec in [
+            (tp.RowwiseParallel(), tp.ColwiseParallel(), P("model", None), P("model", None)),
+            (tp.ColwiseParallel(), tp.RowwiseParallel(), P(None, "model"), P(None, "model"))]:
+        sh = tp.state_shardings(state, m, plan={"0": emb_style, "1": linear_style}, model=model)
+        assert sh.params["0"]["weight"].spec == emb_spec and sh.params["1"]["weight"].spec == linear_spec
