@@ -113,3 +113,15 @@ def test_the_zero_papers_first_figure():
     for stage, want in paper.items():
         assert memory.zero_per_device(est, stage, nd).total == pytest.approx(want, rel=1e-12), stage
     assert [round(paper[s] / 1e9, 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_a_model_with_nothing_to_split_is_refused_in_one_line():
+    # every array under fsdp.MIN_SIZE stays whole: fsdp or zero would be data parallelism under another name
+    tiny = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, y = np.zeros((16, 8), np.float32), np.zeros(16, np.int32)
+    for name in ("fsdp", "zero1", "zero2"):
+        with pytest.raises(ValueError, match=rf"strategy='{name}': every array of this model is smaller than 1024 "
+                                             r"entries \(the largest, 0\.weight, has shape \(16, 8\)\).*shard_map") as e:
+            train.fit(tiny, optax.adam(LR), (x, y), epochs=1, batch_size=16, key=jax.random.key(0), strategy=name,
+                      devices=2, progress=False)
+        assert "\n" not in str(e.value)

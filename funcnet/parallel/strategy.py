@@ -223,6 +223,8 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
                                 **step_options)
     replicated = NamedSharding(mesh, P())
     n = mesh.devices.size
+    if kind != "tp" and n > 1:
+        _check_something_split(kind, shapes, step.shardings, n)
     pad = getattr(step, "pad", lambda t: t)  # fsdp's and zero's keep an uneven axis padded (fsdp.pad)
     unpad = getattr(step, "unpad", lambda t: t)
 
@@ -242,3 +244,19 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
     # n_devices is the whole mesh: the batch check asks a multiple of it, stricter than tp's data axis needs
     dp = _parallel.DataParallel(kind, n, step, put_state, put_batch, get)
     return dp
+
+
+def _check_something_split(kind: str, shapes, shardings, n: int) -> None:
+    """Refuse a sharded strategy under which every array stays whole (each smaller than
+    ``fsdp.MIN_SIZE``): it would run as data parallelism that says otherwise."""
+    split = [sh for sh in jax.tree.leaves(shardings.opt_state) + jax.tree.leaves(shardings.params)
+             if isinstance(sh, NamedSharding) and any(e is not None for e in sh.spec)]
+    if split:
+        return
+    leaves = jax.tree_util.tree_flatten_with_path(shapes.params)[0]
+    path, largest = max(leaves, key=lambda kv: int(np.prod(kv[1].shape))) if leaves else ((), None)
+    name = ".".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+    raise ValueError(f"strategy={kind!r}: every array of this model is smaller than {_fsdp.MIN_SIZE} entries (the "
+                     f"largest, {name}, has shape {None if largest is None else tuple(largest.shape)}), which stay "
+                     f"whole, so each of the {n} devices would keep the whole state: use strategy='shard_map' (data "
+                     f"parallel), or fsdp.make_fsdp_step(min_size=0) / zero.make_zero_step(min_size=0) to split them")
