@@ -10,7 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 import funcnet
 from funcnet import gpt, memory, nn, train
-from funcnet.parallel import fsdp, zero
+from funcnet.parallel import fsdp
+from funcnet.parallel import zero as zero_stages
 
 CONFIG = gpt.GPTConfig(block_size=8, vocab_size=32, n_layer=1, n_head=2, n_embd=32)
 
@@ -106,8 +107,8 @@ def test_uneven_widths_are_padded_and_sharded_and_train_as_one_device():
             ref.append(float(m["loss"]))
         whole = memory.tree_bytes((state.params, state.opt_state))
         for name, make in (("zero3", lambda: fsdp.make_fsdp_step(model, tx, mesh=fsdp.mesh(4), state=abstract)),
-                           ("zero1", lambda: zero.make_zero_step(model, tx, mesh=fsdp.mesh(4), stage=1,
-                                                                 state=abstract))):
+                           ("zero1", lambda: zero_stages.make_zero_step(model, tx, mesh=fsdp.mesh(4), stage=1,
+                                                                        state=abstract))):
             step = make()
             assert step.state_shapes.opt_state[0].mu["2"]["weight"].shape == (112, 111), name  # 111 padded to 112
             sn = fsdp.shard_state(jax.tree.map(jnp.array, state), step.shardings)
