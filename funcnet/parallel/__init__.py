@@ -5,8 +5,8 @@
   re-exported here (``funcnet.parallel.data_parallel``, ``funcnet.parallel.replicate``, ...).
 - ``zero``: ZeRO-1/2 (torch ``ZeroRedundancyOptimizer``, FSDP2 without resharding).
 - ``fsdp``: ZeRO-3 (torch ``FullyShardedDataParallel`` / FSDP2 ``fully_shard``).
-- ``tensor``: Megatron's tensor parallelism for the GPT (torch ``parallelize_module`` with
-  ``ColwiseParallel`` / ``RowwiseParallel``).
+- ``tensor``: tensor parallelism by a plan for any model, Megatron's for the GPT (torch
+  ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel``).
 - ``pipeline``: GPipe and 1F1B over a ``pipe`` axis (torch ``torch.distributed.pipelining``).
 - ``mesh``: one ``(data, fsdp, model, pipe)`` mesh combining them, and the pipelined GPT step on
   it (torch ``init_device_mesh`` with a dimension per strategy, as torchtitan composes them).

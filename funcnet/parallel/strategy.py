@@ -11,7 +11,10 @@ the run on one up to float summation order.
   DDP's all-reduce of the gradients; ``Strategy(kind, buffers="local")`` keeps each
   device's BatchNorm statistics (pmap only).
 - ``"fsdp"``: ``fsdp.make_fsdp_step``, params and optimizer state sharded (ZeRO-3;
-  ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
+  ``Strategy("fsdp", zero=1)`` shards the optimizer state only). An axis that the device
+  count does not divide is kept padded (``fsdp.pad``): ``put`` pads, ``get`` slices back. A
+  model whose every array is under ``fsdp.MIN_SIZE`` (nothing to split) is refused, here and
+  under ``"zero1"``/``"zero2"``.
 - ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
   state (for 2 also the gradients the optimizer receives) sharded over the devices.
 - ``"tp"``: ``parallel.tensor.make_tp_step`` on a ``(data, 1, model)`` mesh;
