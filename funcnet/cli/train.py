@@ -241,13 +241,20 @@ def _check_backend() -> None:
 
 
 def _strategy(args, model):
-    """fit's strategy for --parallel: its name, or for tp the MLP's plan: its Linear layers in pairs,
-    column- then row-parallel (Megatron's MLP), a last unpaired layer whole."""
+    """fit's strategy for --parallel: its name, or for tp a plan: the MLP's Linear layers in pairs,
+    column- then row-parallel (Megatron's MLP), a last unpaired layer whole; the GPT's Megatron plan
+    with c_attn whole (its rows are nanoGPT's [q | k | v], which split over devices into no whole
+    heads; each device computes the attention, c_proj splits its heads row-parallel), the
+    embedding split by vocabulary where --devices divides it."""
     if args.parallel != "tp":
         return args.parallel
     from funcnet.parallel import strategy as _strategy_mod
     from funcnet.parallel import tensor as tp
 
+    if args.model == "gpt":
+        vocab = tp.gpt_config_of(model).vocab_size
+        plan = {**tp.gpt_plan("split" if vocab % args.devices == 0 else "replicate"), "*attn.c_attn": tp.Replicate()}
+        return _strategy_mod.Strategy("tp", plan=plan)
     linears = [str(i) for i in range(0, 2 * (len(args.hidden) + 1), 2)]  # nn.MLP: Linear, activation, ...
     plan = {name: tp.ColwiseParallel() if i % 2 == 0 else tp.RowwiseParallel()
             for i, name in enumerate(linears[:len(linears) // 2 * 2])}
@@ -257,17 +264,20 @@ def _strategy(args, model):
 
 
 def _check_tp(args) -> None:
-    """--parallel tp has a plan for --model mlp only, whose hidden widths --devices must divide."""
+    """--parallel tp has a plan for --model mlp and gpt, whose widths --devices must divide."""
     if args.parallel != "tp":
         return
+    if args.model == "gpt":
+        if args.n_embd % args.devices:
+            raise UsageError(f"--parallel tp splits the GPT's MLP and attention projection over --devices "
+                             f"{args.devices}, which does not divide --n-embd {args.n_embd}; use an --n-embd that is "
+                             f"a multiple of {args.devices}")
+        return
     if args.model != "mlp":
-        why = {"gpt": "the GPT's Megatron plan needs c_attn packed for the model axis (GPTConfig(qkv_groups=N)), "
-                      "which funcnet train does not build; from Python: fit(strategy=Strategy('tp', "
-                      "tensor_parallel=N)) on gpt.GPT(GPTConfig(..., qkv_groups=N))",
-               "cnn": "funcnet train has no plan for the ConvNet; from Python: fit(strategy=Strategy('tp', plan=...))",
+        why = {"cnn": "funcnet train has no plan for the ConvNet; from Python: fit(strategy=Strategy('tp', plan=...))",
                "lstm": "an LSTM's gates are packed in one matrix, which no column/row plan splits whole"}[args.model]
-        raise UsageError(f"--parallel tp takes --model mlp; for --model {args.model}: {why}; or use --parallel fsdp, "
-                         f"zero1 or zero2")
+        raise UsageError(f"--parallel tp takes --model mlp or gpt; for --model {args.model}: {why}; or use --parallel "
+                         f"fsdp, zero1 or zero2")
     hidden = args.hidden or [128]
     split = hidden[0:2 * ((len(hidden) + 1) // 2):2]  # a column-parallel layer's outputs, its row partner's inputs
     bad = [h for h in split if h % args.devices]
