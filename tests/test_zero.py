@@ -15,13 +15,14 @@ import pytest
 from funcnet import memory, nn, train
 from funcnet.parallel import fsdp, zero
 
-MODEL = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+# (37, 60): no axis divides 8 devices, so the optimizer state is split padded (60 -> 64), as FSDP2 pads
+MODEL = nn.Sequential(nn.Linear(60, 37), nn.ReLU(), nn.Linear(37, 16))
 STEPS_PER_EPOCH, EPOCHS, LR = 4, 2, 1e-2
 
 
 def _xy(dtype):
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((STEPS_PER_EPOCH * 16, 64)).astype(dtype)
+    x = rng.standard_normal((STEPS_PER_EPOCH * 16, 60)).astype(dtype)
     y = rng.integers(0, 16, STEPS_PER_EPOCH * 16).astype(np.int32)
     return x, y
 
@@ -46,7 +47,9 @@ def test_zero1_and_zero2_in_fit_equal_plain_data_parallel(dtype, eps):
             opt = jax.tree.leaves(state.opt_state)
             assert all(a.dtype == jnp.dtype(dtype) for a in opt if a.ndim), name
             np.testing.assert_allclose(losses, ddp_losses, rtol=16 * eps * 10, err_msg=name)
-            for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(ddp.params)):
+            for got, want in zip(jax.tree.leaves((state.params, state.opt_state)),
+                                 jax.tree.leaves((ddp.params, ddp.opt_state))):
+                assert got.shape == want.shape, name  # fit hands back the true shapes, padding sliced off
                 np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=atol, err_msg=name)
 
 
@@ -110,3 +113,15 @@ def test_the_zero_papers_first_figure():
     for stage, want in paper.items():
         assert memory.zero_per_device(est, stage, nd).total == pytest.approx(want, rel=1e-12), stage
     assert [round(paper[s] / 1e9, 1) for s in range(4)] == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_a_model_with_nothing_to_split_is_refused_in_one_line():
+    # every array under fsdp.MIN_SIZE stays whole: fsdp or zero would be data parallelism under another name
+    tiny = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x, y = np.zeros((16, 8), np.float32), np.zeros(16, np.int32)
+    for name in ("fsdp", "zero1", "zero2"):
+        with pytest.raises(ValueError, match=rf"strategy='{name}': every array of this model is smaller than 1024 "
+                                             r"entries \(the largest, 0\.weight, has shape \(16, 8\)\).*shard_map") as e:
+            train.fit(tiny, optax.adam(LR), (x, y), epochs=1, batch_size=16, key=jax.random.key(0), strategy=name,
+                      devices=2, progress=False)
+        assert "\n" not in str(e.value)

@@ -186,8 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", type=_positive_int, default=1,
                    help="data-parallel devices, simulated on a CPU-only machine; --batch-size splits over them "
                         "(default %(default)s)")
-    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding"], default=None,
-                   help="how the step is spread over --devices (default: shard_map when --devices > 1, else none)")
+    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp"],
+                   default=None,
+                   help="how the step is spread over --devices: data parallel (pmap, shard_map, sharding), the "
+                        "optimizer state split (zero1; zero2: its gradients too), params too (fsdp), or the matrices "
+                        "split column then row (tp, --model mlp or gpt) (default: shard_map when --devices > 1, "
+                        "else none)")
     t.add_argument("--seed", type=_seed, default=0,
                    help="seed of the initial weights, the data's split and shuffling, and the sample (default %(default)s)")
     t.add_argument("--checkpoint-dir", default=None,

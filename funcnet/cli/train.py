@@ -137,7 +137,7 @@ def _train(args, run, outputs, policy, loss_scale, data_parallel) -> dict:
         logged: list[tuple[int, float]] = []  # (step, mean loss of the N steps before it) for --log-every
         if args.log_every is not None:
             hooks.append(Callback(None, _step_logger(args.log_every, logged), args.log_every))
-        parallel = {"devices": args.devices, "strategy": args.parallel} if data_parallel else {}
+        parallel = {"devices": args.devices, "strategy": _strategy(args, model)} if data_parallel else {}
         # --stream: the Loader is the training data (its order and position: state.step)
         state, history = train.fit(model, tx, (x_tr, y_tr) if stream is None else stream, (x_te, y_te),
                                    batch_size=args.batch_size, precision=Precision(policy, loss_scale),
@@ -266,6 +266,53 @@ def _check_backend() -> None:
                          f"or set JAX_PLATFORMS=cpu") from None
 
 
+def _strategy(args, model):
+    """fit's strategy for --parallel: its name, or for tp a plan: the MLP's Linear layers in pairs,
+    column- then row-parallel (Megatron's MLP), a last unpaired layer whole; the GPT's Megatron plan
+    with c_attn whole (its rows are nanoGPT's [q | k | v], which split over devices into no whole
+    heads; each device computes the attention, c_proj splits its heads row-parallel), the
+    embedding split by vocabulary where --devices divides it."""
+    if args.parallel != "tp":
+        return args.parallel
+    from funcnet.parallel import strategy as _strategy_mod
+    from funcnet.parallel import tensor as tp
+
+    if args.model == "gpt":
+        vocab = tp.gpt_config_of(model).vocab_size
+        plan = {**tp.gpt_plan("split" if vocab % args.devices == 0 else "replicate"), "*attn.c_attn": tp.Replicate()}
+        return _strategy_mod.Strategy("tp", plan=plan)
+    linears = [str(i) for i in range(0, 2 * (len(args.hidden) + 1), 2)]  # nn.MLP: Linear, activation, ...
+    plan = {name: tp.ColwiseParallel() if i % 2 == 0 else tp.RowwiseParallel()
+            for i, name in enumerate(linears[:len(linears) // 2 * 2])}
+    if not plan:
+        raise UsageError("--parallel tp splits the MLP's hidden layers; give it one (--hidden 128)")
+    return _strategy_mod.Strategy("tp", plan=plan)
+
+
+def _check_tp(args) -> None:
+    """--parallel tp has a plan for --model mlp and gpt, whose widths --devices must divide."""
+    if args.parallel != "tp":
+        return
+    if args.model == "gpt":
+        if args.n_embd % args.devices:
+            raise UsageError(f"--parallel tp splits the GPT's MLP and attention projection over --devices "
+                             f"{args.devices}, which does not divide --n-embd {args.n_embd}; use an --n-embd that is "
+                             f"a multiple of {args.devices}")
+        return
+    if args.model != "mlp":
+        why = {"cnn": "funcnet train has no plan for the ConvNet; from Python: fit(strategy=Strategy('tp', plan=...))",
+               "lstm": "an LSTM's gates are packed in one matrix, which no column/row plan splits whole"}[args.model]
+        raise UsageError(f"--parallel tp takes --model mlp or gpt; for --model {args.model}: {why}; or use --parallel "
+                         f"fsdp, zero1 or zero2")
+    hidden = args.hidden or [128]
+    split = hidden[0:2 * ((len(hidden) + 1) // 2):2]  # a column-parallel layer's outputs, its row partner's inputs
+    bad = [h for h in split if h % args.devices]
+    if bad:
+        raise UsageError(f"--parallel tp splits each hidden layer over --devices {args.devices}, which does not "
+                         f"divide --hidden {' '.join(map(str, hidden))}; use widths that are multiples of "
+                         f"{args.devices}")
+
+
 def _parallel_flags(args) -> None:
     """--devices N / --parallel KIND (default shard_map). On a CPU-only machine the N devices
     are simulated, which must happen before JAX's backend starts: importing funcnet does
@@ -277,6 +324,7 @@ def _parallel_flags(args) -> None:
         raise UsageError(f"--batch-size {args.batch_size} does not split evenly over --devices {args.devices}; "
                          f"use a multiple of {args.devices} (e.g. {f'{lo} or ' if lo else ''}{hi})")
     args.parallel = args.parallel or "shard_map"
+    _check_tp(args)
     try:
         parallel.simulate_cpu_devices(args.devices)
     except RuntimeError as e:

@@ -5,8 +5,8 @@
   re-exported here (``funcnet.parallel.data_parallel``, ``funcnet.parallel.replicate``, ...).
 - ``zero``: ZeRO-1/2 (torch ``ZeroRedundancyOptimizer``, FSDP2 without resharding).
 - ``fsdp``: ZeRO-3 (torch ``FullyShardedDataParallel`` / FSDP2 ``fully_shard``).
-- ``tensor``: Megatron's tensor parallelism for the GPT (torch ``parallelize_module`` with
-  ``ColwiseParallel`` / ``RowwiseParallel``).
+- ``tensor``: tensor parallelism by a plan for any model, Megatron's for the GPT (torch
+  ``parallelize_module`` with ``ColwiseParallel`` / ``RowwiseParallel``).
 - ``pipeline``: GPipe and 1F1B over a ``pipe`` axis (torch ``torch.distributed.pipelining``).
 - ``stages``: any model cut into pipeline stages at named modules (torch ``pipeline(module,
   split_spec=...)``), run by ``pipeline``'s schedules.

@@ -10,9 +10,16 @@ inserts the all-gathers and the reduce-scatters (``collectives`` counts them in 
 compiled HLO).
 
 - ``param_spec(shape, n)``: the ``PartitionSpec`` of one array: split along its largest
-  axis that ``n`` divides; replicated when no axis divides or the array is small (fewer
-  than ``min_size`` elements: biases and LayerNorm weights, where a collective costs
-  more than the memory it saves, as FSDP's own ``min_num_params`` wrapping policy).
+  axis that ``n`` divides; when none does, along its largest axis, padded (below);
+  replicated when the array is small (fewer than ``min_size`` elements: biases and
+  LayerNorm weights, where a collective costs more than the memory it saves, as FSDP's own
+  ``min_num_params`` wrapping policy) or no axis has ``n`` entries.
+- Uneven sharding (torch FSDP2 pads each parameter's dim 0 to a multiple of the world size
+  and keeps one padded shard per rank): an axis of 37 on 4 devices is kept padded to 40,
+  10 rows per device, in the placed state (``pad``, ``shard_state``); the step slices the
+  state back to its true shapes, runs the one-device step, pads the new state again, and
+  ``unpad`` (or ``step.unpad``) gives the true shapes back. The padding is zeros that no
+  computation reads.
 - ``state_shardings(state, mesh, zero=3)``: a ``TrainState``'s shardings: ZeRO-3
   shards params and optimizer state (gradients follow the params inside the step);
   ZeRO-1 shards the optimizer state only and keeps params replicated (DDP + a sharded
@@ -33,6 +40,8 @@ import re
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -40,7 +49,7 @@ from funcnet import losses as _losses
 from funcnet import step as _step
 
 __all__ = ["mesh", "param_spec", "tree_shardings", "state_shardings", "shard_state", "make_fsdp_step",
-           "collectives", "per_device_bytes", "ZERO_LEVELS"]
+           "collectives", "per_device_bytes", "pad", "unpad", "ZERO_LEVELS"]
 
 ZERO_LEVELS = (0, 1, 3)
 MIN_SIZE = 1024
@@ -58,12 +67,15 @@ def mesh(n: int | None = None, *, axis_name: str = "fsdp") -> Mesh:
 
 
 def param_spec(shape: tuple, n: int, *, axis_name: str = "fsdp", min_size: int = MIN_SIZE) -> P:
-    """Split the largest axis of ``shape`` that ``n`` divides (the first such if tied);
-    ``P()`` (replicated) when none does, when ``n == 1`` or when the array has fewer than
-    ``min_size`` elements."""
+    """Split the largest axis of ``shape`` that ``n`` divides (the first such if tied); when none
+    divides, the largest axis of at least ``n`` entries, to be padded to a multiple of ``n``
+    (``pad``); ``P()`` (replicated) when ``n == 1``, when the array has fewer than ``min_size``
+    elements or when no axis has ``n`` entries."""
     if n == 1 or math.prod(shape) < min_size:
         return P()
     candidates = [i for i, d in enumerate(shape) if d % n == 0]
+    if not candidates:  # uneven, as FSDP2: padded to a multiple of n, one padded slice per device
+        candidates = [i for i, d in enumerate(shape) if d >= n]
     if not candidates:
         return P()
     axis = max(candidates, key=lambda i: (shape[i], -i))
@@ -91,9 +103,69 @@ def state_shardings(state: _step.TrainState, mesh: Mesh, *, zero: int = 3, min_s
                           loss_scale=rep(state.loss_scale), model_state=rep(state.model_state))
 
 
+def _split_sizes(sharding, ndim: int) -> list[int]:
+    """How many ways each of an array's ``ndim`` axes is split by the ``NamedSharding``."""
+    spec = tuple(sharding.spec) + (None,) * (ndim - len(sharding.spec))
+    sizes = []
+    for entry in spec[:ndim]:
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        sizes.append(math.prod(int(sharding.mesh.shape[a]) for a in names))
+    return sizes
+
+
+def _padded(shape: tuple, sharding) -> tuple:
+    return tuple(-(-d // k) * k for d, k in zip(shape, _split_sizes(sharding, len(shape))))
+
+
+def pad(tree: Any, shardings: Any) -> Any:
+    """``tree`` (arrays, NumPy arrays or ``ShapeDtypeStruct``s; inside jit too) with every axis that
+    its sharding splits unevenly padded with zeros to a multiple of the split: the layout the
+    sharded step keeps. Leaves already even are returned as they are."""
+
+    def one(a, sharding):
+        if a is None or not hasattr(a, "shape") or not isinstance(sharding, NamedSharding):
+            return a
+        shape = tuple(a.shape)
+        target = _padded(shape, sharding)
+        if target == shape:
+            return a
+        if isinstance(a, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(target, a.dtype)
+        widths = [(0, t - d) for d, t in zip(shape, target)]
+        return np.pad(a, widths) if isinstance(a, np.ndarray) else jnp.pad(a, widths)
+
+    return jax.tree.map(one, tree, shardings, is_leaf=lambda x: x is None)
+
+
+def unpad(tree: Any, like: Any) -> Any:
+    """``pad``'s inverse: every leaf of ``tree`` sliced to the shape of its leaf in ``like`` (the true
+    shapes: arrays or ``ShapeDtypeStruct``s)."""
+
+    def one(a, ref):
+        if a is None or not hasattr(a, "shape") or tuple(a.shape) == tuple(ref.shape):
+            return a
+        return a[tuple(slice(0, d) for d in ref.shape)]
+
+    return jax.tree.map(one, tree, like, is_leaf=lambda x: x is None)
+
+
 def shard_state(state: _step.TrainState, shardings) -> _step.TrainState:
-    """Place ``state`` on the devices with ``shardings`` (each device gets its slice)."""
-    return jax.device_put(state, shardings)
+    """Place ``state`` on the devices with ``shardings`` (each device gets its slice), padding the
+    axes that do not split evenly first (``pad``)."""
+    return jax.device_put(pad(state, shardings), shardings)
+
+
+def _on_padded(tx, shardings):
+    """``tx`` whose ``update`` takes and gives the params' true shapes but runs ``tx`` on them padded
+    by ``shardings`` (the optimizer state's layout, ``pad``), so its state stays padded and evenly split."""
+    import optax
+
+    def update(grads, opt_state, params=None):
+        padded = None if params is None else pad(params, shardings)
+        updates, opt_state = tx.update(pad(grads, shardings), opt_state, padded)
+        return unpad(updates, grads), opt_state
+
+    return optax.GradientTransformation(tx.init, update)
 
 
 def make_fsdp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: Mesh | None = None, *,
@@ -103,8 +175,9 @@ def make_fsdp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: M
     with the state sharded per ``zero`` and the batch split along its first axis.
 
     ``state``: a ``TrainState`` (or its ``jax.eval_shape``) to read the shapes from; the
-    returned step has ``.shardings`` (the state's, for ``shard_state``), ``.batch_sharding``
-    and ``.raw``. The state is donated. The gradients are never materialized whole on a
+    returned step has ``.shardings`` (the state's, for ``shard_state``), ``.batch_sharding``,
+    ``.raw``, ``.pad`` / ``.unpad`` (the placed layout from / to the true shapes) and
+    ``.state_shapes`` (the placed layout's shapes, to ``lower`` with). The state is donated. The gradients are never materialized whole on a
     device under ZeRO-3: XLA reduce-scatters them into the params' sharding.
     """
     if mesh is None:
@@ -114,10 +187,17 @@ def make_fsdp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: M
     (axis_name,) = mesh.axis_names
     shardings = state_shardings(state, mesh, zero=zero, min_size=min_size)
     split = NamedSharding(mesh, P(axis_name))
-    raw = _step.make_step(model, tx, loss_fn, donate=False, **step_options).raw
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+    # the optimizer runs on the padded layout (its state never leaves it): the update is elementwise
+    # on even slices; zero gradients on zero params keep the padding zero for Adam, SGD, weight decay
+    opt_layout = tree_shardings(state.params, mesh, min_size=min_size) if zero >= 1 else shardings.params
+    raw = _step.make_step(model, _on_padded(tx, opt_layout), loss_fn,
+                          donate=False, **step_options).raw
 
     def sharded(state, batch):
-        new_state, metrics = raw(state, batch)
+        # the params arrive padded where an axis splits unevenly: the model sees their true shapes
+        new_state, metrics = raw(state._replace(params=unpad(state.params, shapes.params)), batch)
+        new_state = new_state._replace(params=pad(new_state.params, shardings.params))
         # the gradients' sharding follows the params' (the update is elementwise), so under
         # ZeRO-3 XLA reduce-scatters them instead of all-reducing whole gradients
         return jax.lax.with_sharding_constraint(new_state, shardings), metrics
@@ -126,6 +206,9 @@ def make_fsdp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: M
     step = jax.jit(sharded, in_shardings=(shardings, split), out_shardings=(shardings, replicated),
                    donate_argnums=(0,) if donate else ())
     step.raw, step.shardings, step.batch_sharding, step.mesh = sharded, shardings, split, mesh
+    step.pad = lambda tree: pad(tree, shardings)
+    step.unpad = lambda tree: unpad(tree, shapes)
+    step.state_shapes = pad(shapes, shardings)
     return step
 
 

@@ -11,13 +11,20 @@ the run on one up to float summation order.
   DDP's all-reduce of the gradients; ``Strategy(kind, buffers="local")`` keeps each
   device's BatchNorm statistics (pmap only).
 - ``"fsdp"``: ``fsdp.make_fsdp_step``, params and optimizer state sharded (ZeRO-3;
-  ``Strategy("fsdp", zero=1)`` shards the optimizer state only).
+  ``Strategy("fsdp", zero=1)`` shards the optimizer state only). An axis that the device
+  count does not divide is kept padded (``fsdp.pad``): ``put`` pads, ``get`` slices back. A
+  model whose every array is under ``fsdp.MIN_SIZE`` (nothing to split) is refused, here and
+  under ``"zero1"``/``"zero2"``.
 - ``"zero1"``, ``"zero2"``: ``zero.make_zero_step``, params replicated and the optimizer
   state (for 2 also the gradients the optimizer receives) sharded over the devices.
-- ``"tp"``: ``parallel.tensor.make_tp_step``, Megatron's rules for the GPT on a ``(data, 1,
-  model)`` mesh; ``Strategy("tp", tensor_parallel=t)`` puts ``t`` devices on the model axis
-  and the rest on data (default: all on model). The GPT is built with
-  ``GPTConfig(qkv_groups=t)`` (parallel.tensor.check_config says why).
+- ``"tp"``: ``parallel.tensor.make_tp_step`` on a ``(data, 1, model)`` mesh;
+  ``Strategy("tp", tensor_parallel=t, plan={...})`` puts ``t`` devices on the model axis and
+  the rest on data (default: all on model) and lays the params out by the plan
+  (``{"blocks.*.fc": ColwiseParallel(), ...}``, torch's ``parallelize_module`` plan). Without
+  a plan only ``funcnet.gpt.GPT`` is taken (Megatron's rules, ``parallel.tensor.gpt_plan``;
+  its embedding split by vocabulary when ``t`` divides it, else whole; built with
+  ``GPTConfig(qkv_groups=t)``, parallel.tensor.check_config says why); any other model is
+  refused before anything compiles.
 - ``"pipe"``: ``parallel.mesh.pipe_parallel``, the model passed in ``pipeline`` stages (GPipe
   or 1F1B over ``microbatches``): any model cut at ``split_points`` (``parallel.stages``), or
   funcnet's GPT by its stacked blocks on one ``(data, fsdp, model, pipe)`` mesh:
@@ -58,7 +65,8 @@ class Strategy(NamedTuple):
     (devices on the ``fsdp`` axis), ``microbatches`` (0: one per stage), ``schedule``
     (``"1f1b"`` or ``"gpipe"``), ``split_points`` (dotted module paths where stages 1.. begin;
     None: the longest layer list cut evenly) and ``config`` (optional: checked against the model
-    when it is funcnet's GPT, whose stacked-block fast path then runs)."""
+    when it is funcnet's GPT, whose stacked-block fast path then runs);
+    for ``"tp"``: ``plan`` (``{module-path pattern: style}``, see ``parallel.tensor``)."""
 
     kind: str = "single"
     buffers: str = "broadcast"
@@ -70,6 +78,7 @@ class Strategy(NamedTuple):
     schedule: str = "1f1b"
     config: Any = None
     split_points: Any = None
+    plan: Any = None
 
 
 class Runner(NamedTuple):
@@ -105,6 +114,8 @@ def resolve(strategy: Any, devices: int | None) -> Strategy:
     extra = {k: v for k, v in (("pipeline", strategy.pipeline), ("fsdp", strategy.fsdp), ("microbatches",
              strategy.microbatches), ("config", strategy.config), ("split_points", strategy.split_points))
              if v != Strategy._field_defaults[k]}
+    if kind != "tp" and strategy.plan is not None:
+        raise ValueError(f"strategy {kind!r} takes no plan: a tensor-parallel plan is Strategy('tp', plan=...)'s")
     if kind != "pipe" and extra:
         raise ValueError(f"strategy {kind!r} takes no {', '.join(extra)}: those are Strategy('pipe', ...)'s (the "
                          f"pipeline's stages, its fsdp axis, microbatches, GPTConfig and split points)")
@@ -215,13 +226,22 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
             raise ValueError(f"strategy='tp': tensor_parallel={t} must divide the {n} devices (the rest is the data "
                              f"axis)")
         mesh = _tp.mesh(data=n // t, model=t)
-        step = _tp.make_tp_step(model, tx, loss_fn, mesh, state=shapes, **step_options)
+        vocab = "split"
+        config = _tp.gpt_config_of(model) if strategy.plan is None else None
+        if config is not None and config.vocab_size % t:
+            vocab = "replicate"  # the embedding whole on each model device, as strategy='pipe' does
+        step = _tp.make_tp_step(model, tx, loss_fn, mesh, state=shapes, plan=strategy.plan, vocab=vocab,
+                                **step_options)
     replicated = NamedSharding(mesh, P())
     n = mesh.devices.size
+    if kind != "tp" and n > 1:
+        _check_something_split(kind, shapes, step.shardings, n)
+    pad = getattr(step, "pad", lambda t: t)  # fsdp's and zero's keep an uneven axis padded (fsdp.pad)
+    unpad = getattr(step, "unpad", lambda t: t)
 
     def put_state(tree):
         if isinstance(tree, TrainState):
-            return jax.device_put(tree, step.shardings)
+            return jax.device_put(pad(tree), step.shardings)
         return jax.device_put(tree, replicated)
 
     def put_batch(batch):
@@ -229,8 +249,25 @@ def _sharded_parallel(model, tx, loss_fn, strategy: Strategy, devices, state_sha
         return jax.device_put(batch, step.batch_sharding)
 
     def get(tree):
-        return jax.device_put(tree, jax.devices()[0])
+        tree = jax.device_put(tree, jax.devices()[0])
+        return unpad(tree) if isinstance(tree, TrainState) else tree
 
     # n_devices is the whole mesh: the batch check asks a multiple of it, stricter than tp's data axis needs
     dp = _parallel.DataParallel(kind, n, step, put_state, put_batch, get)
     return dp
+
+
+def _check_something_split(kind: str, shapes, shardings, n: int) -> None:
+    """Refuse a sharded strategy under which every array stays whole (each smaller than
+    ``fsdp.MIN_SIZE``): it would run as data parallelism that says otherwise."""
+    split = [sh for sh in jax.tree.leaves(shardings.opt_state) + jax.tree.leaves(shardings.params)
+             if isinstance(sh, NamedSharding) and any(e is not None for e in sh.spec)]
+    if split:
+        return
+    leaves = jax.tree_util.tree_flatten_with_path(shapes.params)[0]
+    path, largest = max(leaves, key=lambda kv: int(np.prod(kv[1].shape))) if leaves else ((), None)
+    name = ".".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+    raise ValueError(f"strategy={kind!r}: every array of this model is smaller than {_fsdp.MIN_SIZE} entries (the "
+                     f"largest, {name}, has shape {None if largest is None else tuple(largest.shape)}), which stay "
+                     f"whole, so each of the {n} devices would keep the whole state: use strategy='shard_map' (data "
+                     f"parallel), or fsdp.make_fsdp_step(min_size=0) / zero.make_zero_step(min_size=0) to split them")

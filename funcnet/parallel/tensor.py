@@ -1,13 +1,24 @@
-"""Tensor parallelism (Megatron-LM) for the GPT, alone or on a 2-D/3-D mesh with FSDP, as sharding rules.
+"""Tensor parallelism (Megatron-LM) by a plan, alone or on a 2-D/3-D mesh with FSDP, as sharding rules.
 
-torch counterpart: ``torch.distributed.tensor.parallel.parallelize_module(block, mesh,
-{"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(), ...})`` on DTensor.
-Here there is no parallel layer and no second model: the rules below give each parameter
-of ``funcnet.gpt.GPT`` a ``PartitionSpec`` over a mesh ``(data, fsdp, model)``, the step
-is ``jax.jit``-ed with those shardings, and XLA's partitioner inserts the collectives
-Megatron writes by hand (``collective_stats`` reads them from the compiled HLO).
+torch counterpart: ``torch.distributed.tensor.parallel.parallelize_module(model, mesh,
+{"blocks.*.mlp.fc": ColwiseParallel(), "blocks.*.mlp.proj": RowwiseParallel(), ...})`` on
+DTensor. Here there is no parallel layer and no second model: a plan, ``{module-path pattern:
+style}`` with the styles ``ColwiseParallel()``, ``RowwiseParallel()``, ``Shard(dim)`` and
+``Replicate()``, gives each parameter of any funcnet or converted model (``interop.convert``;
+the paths are its ``state_dict`` keys less ``.weight``/``.bias``, ``*`` matching any run of
+characters) a ``PartitionSpec`` over a mesh ``(data, fsdp, model)``, the step is
+``jax.jit``-ed with those shardings, and XLA's partitioner inserts the collectives Megatron
+writes by hand (``collective_stats`` reads them from the compiled HLO). A plan is a layout,
+not a rewrite: any plan computes the model's own function, and a good one (column then row,
+as below) needs no communication between the pair. ``make_tp_step(..., plan=)`` and
+``fit(strategy=Strategy("tp", plan=...))`` take one; a pattern that matches no parameter, a
+plan that splits nothing, or a model other than the GPT without a plan is refused.
 
-The rules (Shoeybi et al. 2019, "Megatron-LM", section 3), on the ``model`` axis:
+Sequence parallelism (torch's ``SequenceParallel`` for the norms, splitting activations
+along the sequence) is not offered: a norm's params stay whole (``Replicate``), which is what
+torch's style does with them too.
+
+The GPT's plan is ``gpt_plan(vocab)``; its rules (Shoeybi et al. 2019, "Megatron-LM", section 3), on the ``model`` axis:
 
 - ``attn.c_attn`` and ``mlp.c_fc`` are **column-parallel**: weight ``(out, in)`` split
   along ``out``, bias too. Each device computes its slice of the outputs from the whole
@@ -43,10 +54,12 @@ follows the params leaf for leaf.
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -60,13 +73,21 @@ from funcnet import step as _step
 __all__ = [
     "AXES",
     "MEGATRON_ALL_REDUCES_PER_LAYER",
+    "ColwiseParallel",
+    "Replicate",
+    "RowwiseParallel",
+    "Shard",
     "check_config",
+    "check_plan",
     "collective_stats",
     "make_tp_step",
     "mesh",
+    "gpt_config_of",
+    "gpt_plan",
     "mlp_shard_map",
     "pack_qkv",
     "param_spec",
+    "plan_spec",
     "regroup_qkv",
     "state_shardings",
     "unpack_qkv",
@@ -75,8 +96,6 @@ __all__ = [
 AXES = ("data", "fsdp", "model")
 MEGATRON_ALL_REDUCES_PER_LAYER = 4  # 2 forward (after attn.c_proj, mlp.c_proj), 2 backward (Megatron's f)
 VOCAB = ("split", "replicate")
-_COLUMN = (("attn", "c_attn"), ("mlp", "c_fc"))
-_ROW = (("attn", "c_proj"), ("mlp", "c_proj"))
 
 
 def mesh(data: int = 1, fsdp: int = 1, model: int = 1, devices=None) -> Mesh:
@@ -152,54 +171,225 @@ def _names(path) -> tuple:
     return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
+class ColwiseParallel(NamedTuple):
+    """torch's ``ColwiseParallel``: the module's output features split over ``model``: a Linear's
+    weight ``(out, in)`` along ``out`` and its bias with it; an Embedding's ``(num, dim)`` along ``dim``."""
+
+
+class RowwiseParallel(NamedTuple):
+    """torch's ``RowwiseParallel``: the module's input features split over ``model``: a Linear's (or a
+    convolution's) weight along its axis 1, the bias whole (added once after the all-reduce); an
+    Embedding's ``(num, dim)`` along ``num`` (the vocabulary: a masked local lookup + an all-reduce)."""
+
+
+class Shard(NamedTuple):
+    """The matched parameters split along axis ``dim`` over ``model`` (torch's ``Shard(dim)``
+    placement); parameters with fewer axes stay whole."""
+
+    dim: int
+
+
+class Replicate(NamedTuple):
+    """The matched parameters whole on every ``model`` device (torch's ``Replicate()``); what every
+    parameter no pattern matches gets."""
+
+
+STYLES = (ColwiseParallel, RowwiseParallel, Shard, Replicate)
+
+
+def gpt_plan(vocab: str = "split") -> dict:
+    """Megatron's rules for ``funcnet.gpt.GPT`` as a plan (the module docstring says why each):
+    ``c_attn``, ``c_fc`` column-parallel, both ``c_proj`` row-parallel, the tied embedding split by
+    vocabulary (``vocab="split"``) or whole (``"replicate"``). The patterns start with ``*`` so they
+    also match the optimizer state's paths and the pipeline's stacked blocks."""
+    if vocab not in VOCAB:
+        raise ValueError(f"vocab must be one of {VOCAB}, got {vocab!r}")
+    return {"*attn.c_attn": ColwiseParallel(), "*mlp.c_fc": ColwiseParallel(),
+            "*attn.c_proj": RowwiseParallel(), "*mlp.c_proj": RowwiseParallel(),
+            "*wte": Shard(0) if vocab == "split" else Replicate()}
+
+
+def _style_of(plan: dict, names: tuple):
+    """``(pattern, style)`` of the first pattern of ``plan`` matching the parameter at ``names``
+    (its module's dotted path or its own), or ``(None, Replicate())``."""
+    module, full = ".".join(names[:-1]), ".".join(names)
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(module, pattern) or fnmatch.fnmatchcase(full, pattern):
+            return pattern, style
+    return None, Replicate()
+
+
+def _model_dim(style, shape: tuple, embedding: bool) -> int | None:
+    """The axis of a parameter of ``shape`` that ``style`` splits over ``model`` (None: whole)."""
+    nd = len(shape)
+    if isinstance(style, ColwiseParallel):
+        return (1 if nd == 2 else None) if embedding else (0 if nd >= 1 else None)
+    if isinstance(style, RowwiseParallel):
+        return (0 if nd == 2 else None) if embedding else (1 if nd >= 2 else None)
+    if isinstance(style, Shard):
+        return style.dim if style.dim < nd else None
+    return None
+
+
+def plan_spec(plan: dict, names: tuple, shape: tuple, mesh: Mesh, *, embeddings: frozenset = frozenset()) -> P:
+    """The ``PartitionSpec`` of the parameter at ``names`` with ``shape`` under ``plan``: its style's
+    axis on ``model``; with an ``fsdp`` axis, every matrix's largest other axis that the fsdp size
+    divides on ``fsdp`` too. ``embeddings``: the dotted paths of the model's Embedding modules
+    (their weight is ``(num, dim)``, not a Linear's ``(out, in)``). Raises, naming the parameter and
+    the fix, when the model axis does not divide the axis the style splits."""
+    t, f = _axis_size(mesh, "model"), _axis_size(mesh, "fsdp")
+    pattern, style = _style_of(plan, names)
+    axes = [None] * len(shape)
+    d = _model_dim(style, shape, ".".join(names[:-1]) in embeddings)
+    if d is not None and t > 1:
+        if shape[d] % t:
+            raise ValueError(f"tensor plan: {'.'.join(names)} of shape {tuple(shape)} (pattern {pattern!r}, "
+                             f"{type(style).__name__}) is split along axis {d} of size {shape[d]}, which the model "
+                             f"axis ({t}) does not divide; pick a model axis among the divisors of {shape[d]} or map "
+                             f"{pattern!r} to Replicate()")
+        axes[d] = "model"
+    if f > 1 and len(shape) >= 2:
+        free = [i for i, n in enumerate(shape) if axes[i] is None and n % f == 0]
+        if free:
+            axes[max(free, key=lambda i: (shape[i], -i))] = "fsdp"
+    return P(*axes) if any(axes) else P()
+
+
 def param_spec(names: tuple, shape: tuple, mesh: Mesh, *, vocab: str = "split") -> P:
     """The ``PartitionSpec`` of the GPT parameter at ``names`` (its path, e.g.
     ``("transformer", "h", "0", "attn", "c_attn", "weight")``; optimizer-state paths end the
-    same way) with ``shape``, by the rules in the module docstring."""
-    f = _axis_size(mesh, "fsdp")
-    fs = lambda d: "fsdp" if f > 1 and d % f == 0 else None
-    owner = names[-3:-1]
-    if len(shape) == 2 and owner in _COLUMN:
-        return P("model", fs(shape[1]))
-    if len(shape) == 1 and owner in _COLUMN:
-        return P("model")
-    if len(shape) == 2 and owner in _ROW:
-        return P(fs(shape[0]), "model")
-    if len(shape) == 2 and names[-2:] == ("wte", "weight"):
-        return P("model", fs(shape[1])) if vocab == "split" else P(fs(shape[0]), None)
-    if len(shape) == 2 and names[-2:] == ("wpe", "weight"):
-        return P(None, fs(shape[1]))
-    return P()  # LayerNorms, row-parallel biases, step counters
+    same way) with ``shape``, by ``gpt_plan(vocab)``."""
+    return plan_spec(gpt_plan(vocab), names, shape, mesh)
 
 
-def state_shardings(state: _step.TrainState, mesh: Mesh, *, vocab: str = "split"):
-    """``NamedSharding``s of a ``TrainState`` (params and optimizer state by ``param_spec``, the rest replicated)."""
-    def by_rule(tree):
+def _embeddings(model) -> frozenset:
+    """The dotted paths of ``model``'s ``nn.Embedding`` modules (by their torch-style name)."""
+    out = set()
+
+    def visit(m, prefix):
+        if str(getattr(m, "name", "")).startswith("Embedding("):
+            out.add(prefix[:-1])
+        for n, c in getattr(m, "children", None) or ():
+            if hasattr(c, "children") and hasattr(c, "init"):
+                visit(c, f"{prefix}{n}.")
+
+    if model is not None:
+        visit(model, "")
+    return frozenset(out)
+
+
+def gpt_config_of(model):
+    """The ``GPTConfig`` of a ``funcnet.gpt.GPT`` (read off its name, which lists the config), or
+    None for any other model."""
+    from funcnet import gpt
+
+    m = re.fullmatch(r"GPT\((.*)\)", str(getattr(model, "name", "")))
+    if m is None:
+        return None
+    fields = {}
+    for item in m.group(1).split(", "):
+        key, _, value = item.partition("=")
+        if key in gpt.GPTConfig._fields:
+            try:
+                fields[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                return None
+    return gpt.GPTConfig(**fields) if {"vocab_size", "n_head", "n_layer"} <= set(fields) else None
+
+
+def _module_list(params, most: int = 8) -> str:
+    """The dotted paths of the modules owning ``params``' leaves, the first ``most`` of them."""
+    modules = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]:
+        m = ".".join(_names(path)[:-1])
+        if m not in modules:
+            modules.append(m)
+    return ", ".join(modules[:most]) + (", ..." if len(modules) > most else "")
+
+
+def check_plan(plan: Any, params: Any, mesh: Mesh, *, model=None) -> None:
+    """Raise, in one line naming the fix, unless ``plan`` is a dict of pattern -> style whose every
+    pattern matches a parameter of ``params`` and which splits some parameter over ``model``."""
+    if not isinstance(plan, dict) or not plan:
+        raise TypeError(f"tensor plan: expected a dict of module-path pattern -> ColwiseParallel() / "
+                        f"RowwiseParallel() / Shard(dim) / Replicate(), e.g. {{'blocks.*.fc': ColwiseParallel()}}, "
+                        f"got {plan!r:.80}")
+    for pattern, style in plan.items():
+        if not isinstance(pattern, str) or not isinstance(style, STYLES):
+            raise TypeError(f"tensor plan: {pattern!r}: {style!r:.60} is not a style; use ColwiseParallel(), "
+                            f"RowwiseParallel(), Shard(dim) or Replicate() from funcnet.parallel.tensor")
+    names = [_names(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    for pattern in plan:
+        if not any(_style_of({pattern: Replicate()}, n)[0] for n in names):
+            raise ValueError(f"tensor plan: pattern {pattern!r} matches no parameter of the model; its modules are "
+                             f"{_module_list(params)} ('*' matches any run of characters, dots included)")
+    if _axis_size(mesh, "model") > 1:
+        emb = _embeddings(model)
+        split = [n for n, (_, a) in zip(names, jax.tree_util.tree_flatten_with_path(params)[0])
+                 if "model" in plan_spec(plan, n, tuple(a.shape), mesh, embeddings=emb)]
+        if not split:
+            raise ValueError(f"tensor plan {list(plan)}: no parameter is split over the model axis (every match is "
+                             f"Replicate or too small), so each device would hold the whole model; map the large "
+                             f"matrices to ColwiseParallel() / RowwiseParallel()")
+
+
+def state_shardings(state: _step.TrainState, mesh: Mesh, *, vocab: str = "split", plan: dict | None = None,
+                    model=None):
+    """``NamedSharding``s of a ``TrainState``: params by ``plan`` (default: the GPT's, ``gpt_plan(vocab)``),
+    each optimizer-state array as the parameter whose path its own ends with (Adam's ``mu``, ``nu``),
+    the rest replicated. ``model``: to tell its Embeddings apart (see ``plan_spec``)."""
+    plan = gpt_plan(vocab) if plan is None else plan
+    emb = _embeddings(model)
+    shapes = {_names(path): tuple(a.shape) for path, a in jax.tree_util.tree_flatten_with_path(state.params)[0]}
+
+    def spec(names, shape):
+        for k in range(len(names)):  # the longest suffix that names a parameter of the same shape
+            if shapes.get(names[k:]) == shape:
+                return plan_spec(plan, names[k:], shape, mesh, embeddings=emb)
+        return P()
+
+    def by_plan(tree):
         return jax.tree_util.tree_map_with_path(
-            lambda path, a: NamedSharding(mesh, param_spec(_names(path), tuple(a.shape), mesh, vocab=vocab)), tree)
+            lambda path, a: NamedSharding(mesh, spec(_names(path), tuple(a.shape))), tree)
 
     replicated = NamedSharding(mesh, P())
     rep = lambda tree: jax.tree.map(lambda _: replicated, tree)
-    return state._replace(params=by_rule(state.params), opt_state=by_rule(state.opt_state), step=replicated,
+    return state._replace(params=by_plan(state.params), opt_state=by_plan(state.opt_state), step=replicated,
                           key=replicated, loss_scale=rep(state.loss_scale), model_state=rep(state.model_state))
 
 
 def make_tp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: Mesh | None = None, *, state: Any,
-                 vocab: str = "split", config=None, donate: bool = True, **step_options):
+                 plan: dict | None = None, vocab: str = "split", config=None, donate: bool = True, **step_options):
     """``step(state, (x, y)) -> (state, metrics)``: ``funcnet.make_step``'s step jit-ed over a
-    ``(data, fsdp, model)`` mesh with the state placed by the rules and the batch split over
+    ``(data, fsdp, model)`` mesh with the state placed by ``plan`` and the batch split over
     ``data`` x ``fsdp``. ``state``: a ``TrainState`` or its ``jax.eval_shape``. The returned
     step has ``.shardings`` (for ``jax.device_put(state, step.shardings)``), ``.batch_sharding``,
-    ``.raw`` and ``.mesh``. ``config`` (the ``GPTConfig``), when given, is checked against the
-    mesh first (``check_config``)."""
+    ``.raw`` and ``.mesh``.
+
+    ``plan``: ``{module-path pattern: style}`` (torch's ``parallelize_module`` plan, e.g.
+    ``{"blocks.*.fc": ColwiseParallel(), "blocks.*.proj": RowwiseParallel()}``); checked by
+    ``check_plan``. Without one the model must be a ``funcnet.gpt.GPT``, which gets
+    ``gpt_plan(vocab)`` and its config checked (``check_config``; ``config`` overrides the
+    one read off the model); any other model is refused: a "tensor-parallel" run with every
+    parameter whole would be data parallelism that says otherwise."""
     if mesh is None:
         raise ValueError("make_tp_step needs mesh= (parallel.tensor.mesh(data, fsdp, model))")
     if tuple(mesh.axis_names) != AXES:
         raise ValueError(f"make_tp_step: the mesh's axes must be {AXES}, got {mesh.axis_names}; build it with "
                          f"parallel.tensor.mesh(data=, fsdp=, model=)")
-    if config is not None:
+    if plan is None:
+        config = gpt_config_of(model) if config is None else config
+        if config is None:
+            kind = str(getattr(model, "name", type(model).__name__)).split("(")[0]
+            raise ValueError(f"tensor parallelism needs a plan for this {kind} (only funcnet.gpt.GPT has one built "
+                             f"in): pass plan={{'<module path pattern>': ColwiseParallel() or RowwiseParallel(), ...}}"
+                             f" (parallel.tensor; make_tp_step(plan=) or Strategy('tp', plan=)) over its modules "
+                             f"{_module_list(state.params)}")
         check_config(config, mesh, vocab)
-    shardings = state_shardings(state, mesh, vocab=vocab)
+        plan = gpt_plan(vocab)
+    else:
+        check_plan(plan, state.params, mesh, model=model)
+    shardings = state_shardings(state, mesh, plan=plan, model=model)
     split = NamedSharding(mesh, P(("data", "fsdp")))
     raw = _step.make_step(model, tx, loss_fn, donate=False, **step_options).raw
 
@@ -209,7 +399,7 @@ def make_tp_step(model, tx, loss_fn: Callable = _losses.cross_entropy, mesh: Mes
 
     step = jax.jit(sharded, in_shardings=(shardings, split), out_shardings=(shardings, NamedSharding(mesh, P())),
                    donate_argnums=(0,) if donate else ())
-    step.raw, step.shardings, step.batch_sharding, step.mesh = sharded, shardings, split, mesh
+    step.raw, step.shardings, step.batch_sharding, step.mesh, step.plan = sharded, shardings, split, mesh, plan
     return step
 
 

@@ -1,0 +1,81 @@
+"""``funcnet train --parallel fsdp | zero1 | zero2 | tp``: the sharded strategies from the command line give the
+one-device run's params (the oracle: the same command on one device), and what a strategy cannot take is refused
+in one line before training."""
+
+import argparse
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from funcnet import cli, gpt
+from funcnet import step as fstep
+from funcnet.cli import train as cli_train
+from funcnet.parallel import tensor as tp
+
+# SGD: each weight moves by lr * gradient, so float32 rounding of the gradient's sum order stays ~1e-7 after 3 steps
+# (Adam would turn the rounding of a near-zero gradient into an lr-sized step)
+MLP = ["--hidden", "32", "--optimizer", "sgd", "--lr", "0.5", "--batch-size", "64", "--max-steps", "3", "--quiet"]
+
+
+def _params(tmp_path, name, *flags):
+    out = tmp_path / name
+    assert cli.main(["train", *MLP, "--out", str(out), *flags]) == 0
+    return np.load(out / "params.npz")
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    return _params(tmp_path_factory.mktemp("one"), "one")
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "tp"])
+def test_sharded_strategies_from_the_command_line_equal_one_device(tmp_path, kind, one):
+    two = _params(tmp_path, kind, "--devices", "2", "--parallel", kind)
+    assert two.files == one.files
+    for k in one.files:  # weights of size <= 1, 3 steps of lr 0.5: 1e-5 is ~100x the rounding, 1e-3 under a bug
+        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--model", "lstm", "--devices", "2", "--parallel", "tp"], "--parallel tp takes --model mlp or gpt; for "
+                                                                  "--model lstm: an LSTM's gates are packed"),
+    (["--model", "cnn", "--devices", "2", "--parallel", "tp"], "--parallel tp takes --model mlp or gpt; for --model cnn"),
+    (["--model", "gpt", "--n-embd", "18", "--n-head", "2", "--devices", "4", "--parallel", "tp"],
+     "--devices 4, which does not divide --n-embd 18"),
+    (["--hidden", "30", "--devices", "4", "--parallel", "tp"], "--devices 4, which does not divide --hidden 30"),
+])
+def test_what_tp_cannot_take_is_one_line(tmp_path, capsys, flags, fragment):
+    assert cli.main(["train", "--epochs", "1", "--out", str(tmp_path / "x"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_the_gpts_command_line_plan_is_megatrons_with_c_attn_whole():
+    # nanoGPT's c_attn rows [q | k | v] split over devices into no whole heads: the command line keeps it whole
+    # (each device computes the attention) and splits c_fc, both c_proj and the vocabulary where 2 divides it
+    for vocab, wte in ((104, P("model", None)), (103, P())):
+        model = gpt.build(vocab, 8, n_layer=1, n_head=2, n_embd=16)
+        strategy = cli_train._strategy(argparse.Namespace(parallel="tp", model="gpt", devices=2), model)
+        state = jax.eval_shape(lambda: fstep.create_train_state(model, optax.sgd(0.1), jax.random.key(0)))
+        sh = tp.state_shardings(state, tp.mesh(1, 1, 2), plan=strategy.plan, model=model).params
+        block = sh["transformer"]["h"]["0"]
+        assert block["attn"]["c_attn"]["weight"].spec == P()
+        assert block["mlp"]["c_fc"]["weight"].spec == P("model", None)
+        assert block["attn"]["c_proj"]["weight"].spec == block["mlp"]["c_proj"]["weight"].spec == P(None, "model")
+        assert sh["transformer"]["wte"]["weight"].spec == wte
+
+
+@pytest.mark.slow  # the plan is checked above without compiling; this trains it
+def test_the_gpt_on_two_devices_by_tp_equals_one_device(tmp_path):
+    flags = ["--model", "gpt", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+             "--sample-chars", "5", "--optimizer", "sgd", "--lr", "0.5", "--batch-size", "64", "--max-steps", "3",
+             "--quiet"]
+    runs = {}
+    for name, extra in (("one", []), ("tp", ["--devices", "2", "--parallel", "tp"])):
+        assert cli.main(["train", *flags, "--out", str(tmp_path / name), *extra]) == 0
+        runs[name] = np.load(tmp_path / name / "params.npz")
+    for k in runs["one"].files:
+        np.testing.assert_allclose(runs["tp"][k], runs["one"][k], rtol=0, atol=1e-5, err_msg=k)
