@@ -58,7 +58,7 @@ from typing import NamedTuple
 from funcnet.memory.estimate import OPTIMIZER_SLOTS, PRECISIONS, dtype_bytes
 
 __all__ = ["REMAT", "SCHEDULES", "ZERO_STAGES", "Layout", "Plan", "Shape", "funcnet_activations", "gpt_arrays",
-           "held_elements", "held_microbatches", "layouts", "plan", "smallest_fitting"]
+           "held_elements", "held_microbatches", "layouts", "plan", "smallest_fitting", "zero_plan"]
 
 REMAT = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b")
@@ -284,6 +284,30 @@ def _zero_plan(shape: Shape, layout: Layout, device_memory: int | None) -> Plan:
              + max(parts["activations"], parts["grads"] + parts["reduce_buffer"]))
     fits = None if device_memory is None else total <= device_memory
     return Plan(**parts, total=total, fits=fits, layout=layout, gathered=gathered)
+
+
+def zero_plan(n_params: int, stage: int, dp: int, *, optimizer: str = "adam", activations: int = 0) -> Plan:
+    """funcnet's ZeRO ``stage`` step over ``dp`` devices from a parameter count alone: ``_zero_plan``'s
+    accounting with every array split evenly (no shapes to apply ``fsdp.param_spec``'s rule to) and
+    ``activations`` bytes per device as given. Beside ``memory.zero_per_device`` (the ZeRO paper's
+    half-precision params and gradients): float32 params, whole gradients and their all-reduce buffer at
+    every stage, ZeRO-3's gathered params."""
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        raise ValueError(f"ZeRO stage must be one of {ZERO_STAGES}, got {stage!r}")
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ValueError(f"dp must be a positive int (the devices ZeRO shards over), got {dp!r}")
+    if optimizer not in OPTIMIZER_SLOTS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZER_SLOTS)}, got {optimizer!r}")
+    whole = n_params * PARAM_BYTES
+    shard = math.ceil(n_params / dp) * PARAM_BYTES
+    parts = {"params": shard if stage == 3 else whole, "grads": whole, "master": 0,
+             "optimizer": OPTIMIZER_SLOTS[optimizer] * (shard if stage >= 1 else whole),
+             "activations": int(activations), "reduce_buffer": whole if dp > 1 else 0, "accum_buffer": 0}
+    gathered = whole if stage == 3 and dp > 1 else 0
+    total = parts["params"] + parts["optimizer"] + gathered + max(parts["activations"],
+                                                                 parts["grads"] + parts["reduce_buffer"])
+    return Plan(**parts, total=total, fits=None, layout=Layout(dp=dp, optimizer=optimizer, zero=stage),
+                gathered=gathered)
 
 
 def _pipeline_plan(shape: Shape, layout: Layout, device_memory: int | None) -> Plan:
