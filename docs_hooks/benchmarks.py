@@ -247,8 +247,8 @@ def _parallel_step(result: dict) -> str:
     for name, r, paper in rows:
         out.append(f"| {name} | {_f(r['bytes_per_device'] / 1e6)} | {_f(r['planned_bytes'] / 1e6)} | "
                    f"{r['planned_bytes'] / r['bytes_per_device']:.3f} | {paper} | {_f(r['seconds'] * 1e3, 1)} |")
-    verdict = ("every row's plan is within 10% of the compiled bytes" if result["planner_within_10_percent"]
-               else "a row's plan is more than 10% off the compiled bytes")
+    verdict = ("every row's plan is within a tenth of the compiled bytes" if result["planner_within_10_percent"]
+               else "a row's plan is more than a tenth off the compiled bytes")
     return "\n".join(out) + f"\n\nIn this run {verdict}."
 
 
