@@ -141,6 +141,13 @@ def test_zero_prints_the_zero_papers_first_figure(stage, paper_gb, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert f"ZeRO-{stage} (Rajbhandari et al. 2020, Figure 1" in out
     assert f"{paper_gb} GB per device, 120.0 GB without ZeRO" in out
+    # beside it funcnet's own step: float32 params (4 bytes, whole up to stage 2), Adam's 8 bytes over Nd, the
+    # gradients (4) and their all-reduce buffer (4) whole at every stage, stage 3's gathered params (4)
+    ours = {1: 4 * psi + 8 * psi / nd + 8 * psi, 2: 4 * psi + 8 * psi / nd + 8 * psi,
+            3: 12 * psi / nd + 4 * psi + 8 * psi}[stage]
+    assert got["funcnet_per_device"]["total"] == pytest.approx(ours, rel=1e-9)
+    assert f"per device: funcnet's ZeRO-{stage} step over --dp 64" in out
+    assert f"the ZeRO paper's formula, ZeRO-{stage} over --dp 64" in out
 
 
 @pytest.mark.parametrize("flags, message", [
