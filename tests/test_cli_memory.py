@@ -173,8 +173,8 @@ def test_pipeline_flags_give_the_first_stages_plan(capsys):
     assert got[0]["layout"]["pp"] == 4 and plan.accum_buffer == plan.grads > 0
     assert memory_command.main(SHAPE + flags) == 0
     out = " ".join(_plain(capsys.readouterr().out).split())
-    assert "the first stage holds 8 of the 8 microbatches' activations (1 sequence each)" in out
-    assert "Korthikanti et al. 2022, section 4.2.3" in out and "Rajbhandari et al. 2020" in out
+    assert "it holds 8 of the 8 microbatches' stage inputs (1 sequence each)" in out
+    assert "stages of funcnet.parallel.pipeline" in out and "the larger of that rerun and the accum buffer" in out
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -198,14 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the data-parallel all-reduce writes into the gradients (torch DDP's "
                           "gradient_as_bucket_view=True): no second copy of them")
     pipe = parser.add_argument_group(
-        "pipeline (per device: the first stage's bytes; Rajbhandari et al. 2020's 2 + 2 + K bytes per parameter over "
-        "a stage's L/P layers, Korthikanti et al. 2022 section 4.2.3's activations)")
+        "pipeline (per device: one stage of funcnet.parallel.pipeline as it compiles: float32 state of its L/P layers "
+        "and the embeddings, the held stage inputs, one microbatch's rerun)")
     pipe.add_argument("--pp", type=int, help="pipeline stages P, each running L/P of the --layers (default 1: none)")
     pipe.add_argument("--microbatches", type=int, metavar="M",
                       help="microbatches per data replica's batch, per step (default 1)")
     pipe.add_argument("--schedule", choices=("gpipe", "1f1b"),
-                      help="1f1b (default): the first stage holds min(P, M) microbatches' activations of its L/P "
-                           "layers; gpipe: all M of them (every forward before any backward)")
+                      help="1f1b (default): a stage holds min(P, M) microbatches' stage inputs; gpipe: all M of "
+                           "them (every forward before any backward)")
     pipe.add_argument("--accumulate-in-place", action="store_true",
                       help="microbatch gradients added into the sum in place (torch's .grad, Megatron's "
                            "gradient_accumulation_fusion): no second copy of them (default: one, as jax.vjp gives)")

@@ -22,28 +22,32 @@ params, gradients, a master copy, optimizer state and activations, with
   ``Layout(reduce_in_place=True)`` drops it (DDP's ``gradient_as_bucket_view=True``). FSDP
   alone (``dp == 1``) has no such copy in the plan: each layer's whole gradient is
   reduce-scattered into its shard and freed, one layer at a time.
-- pipeline parallelism (``pp`` stages, ``microbatches`` M, ``schedule`` "gpipe" or "1f1b",
-  ``funcnet.parallel.pipeline``): each stage holds ``L / pp`` blocks, with their gradients and optimizer
-  state (the ZeRO paper's accounting, Rajbhandari et al. 2020: 2 + 2 + K bytes per parameter
-  for mixed-precision Adam, K = 12, here over the stage's parameters), plus the embeddings and
-  final LayerNorm whole (``funcnet.parallel.pipeline`` replicates them; Megatron's first stage holds the
-  embeddings, its last a copy of the tied head: the same ``V x h``). Activations per Megatron-LM
-  (Korthikanti et al. 2022, section 4.2.3): the first stage, the busiest, holds the activations
-  of its ``L / pp`` layers for ``min(pp, M)`` microbatches under 1F1B, for all M under GPipe,
-  each microbatch ``b / M`` sequences, plus each held microbatch's embedding dropout mask; the
-  output layer's activations live on the last stage and are not counted for ``pp > 1`` (as in
-  the paper). With ``pp == 1`` and M > 1 (gradient accumulation) one microbatch's activations
-  are held (M under "gpipe": every forward before any backward).
-- the accumulation buffer (``accum_buffer``): with M > 1 microbatches each microbatch's
-  backward returns the stage's whole gradients (``jax.vjp``), which are then added into the
-  running sum: a second copy of the gradients (``funcnet.parallel.pipeline``, ``make_step(accum_steps=)``).
-  torch's autograd adds into ``.grad`` one parameter at a time (Megatron's
-  ``gradient_accumulation_fusion`` writes into ``main_grad`` directly):
-  ``Layout(accumulate_in_place=True)`` drops it.
+- pipeline parallelism (``pp`` stages, ``microbatches`` M, ``schedule`` "gpipe" or "1f1b"): one stage of
+  ``funcnet.parallel.pipeline.make_step`` as XLA compiles it (every stage holds the same): float32 params,
+  gradients and optimizer state (the pipeline has no precision policy) of its ``L / pp`` blocks plus the
+  embeddings and final LayerNorm, which every stage keeps; the stage inputs it holds
+  (``held_microbatches``: ``min(pp, M)`` under 1F1B, M under GPipe, each ``b / M x s x h`` float32) and
+  one slot for the gradient from the next stage; and in a backward tick the rerun of one microbatch's
+  stage (``funcnet_activations`` of its blocks, and the embedding, head and loss, which every stage
+  computes on every tick). The rerun's activations die as it makes the microbatch's gradients
+  (``accum_buffer``: ``jax.vjp`` returns the stage's whole gradients, then added into the running sum;
+  ``Layout(accumulate_in_place=True)`` drops it), so the total counts the larger of the two. With
+  ``pp == 1`` and M > 1 (gradient accumulation) one microbatch's activations are held (M under "gpipe").
+- funcnet's ZeRO steps (``zero`` = 0, 1, 2 or 3 over ``dp`` devices, a 1-D mesh:
+  ``parallel.zero.make_zero_step``, ``parallel.fsdp.make_fsdp_step(zero=0 | 3)``) as XLA:CPU compiles them:
+  float32 params (funcnet's bf16 policy keeps them float32 and casts them for the compute), whole up to
+  stage 2, split from stage 3; the optimizer state split from stage 1; arrays split by
+  ``fsdp.param_spec``'s rule (``held_elements``); the gradients whole at every stage with the second
+  buffer of their all-reduce (stage 2's constraint compiles to the whole sum and a slice on CPU); stage 3
+  also the params gathered whole (``gathered``); activations ``funcnet_activations`` of the batch slice.
+  The total is the state plus the larger of the activations and the gradients with their buffer (the
+  backward frees the one as it makes the other). ``zero_plan`` does the same from a parameter count.
+  Checked against the compiled steps by ``benchmarks/parallel_step.py --cpu 4`` (every row within 10%).
+- otherwise (``dp x fsdp x tp`` without ``zero``) the sum of the parts, in Megatron's and the ZeRO paper's
+  terms (half-precision params with a float32 master copy under "bf16"/"fp16").
 
-Not counted: the working memory of recomputation (with ``remat="full"``, or
-``funcnet.parallel.pipeline``'s rerun of a stage in its backward: one microbatch's activations of the
-recomputed layers at a time, as in the paper), XLA's temporaries, the batch itself.
+Not counted: the working memory of recomputation (with ``remat="full"``), XLA's temporaries, the batch
+itself.
 
 ``fits``: whether the total is within ``device_memory`` bytes. ``layouts(n)`` lists the
 (dp, fsdp, tp) that multiply to n; ``smallest_fitting`` picks the one with the least model
@@ -207,8 +211,6 @@ def _activations(shape: Shape, layout: Layout, p: int) -> float:
         if layout.remat == "none":
             per_layer += as2b * (p + mask * (p + 1)) / t
     held = held_microbatches(layout)
-    if layout.pp > 1:  # the first stage: its layers and the embedding dropout mask (section 4.2.3)
-        return held * (shape.n_layer // layout.pp * per_layer + mask * sbh / (t if layout.sp else 1))
     outside = (mask * sbh + 2 * p * sbh) / (t if layout.sp else 1) + 4 * s * b * shape.vocab_size / t
     return held * (shape.n_layer * per_layer + outside)
 
