@@ -92,3 +92,14 @@ def test_the_activations_per_layer_and_sequence_are_what_autodiff_saves():
     planned = ml.funcnet_activations(shape, 1, 4, layers=2) - ml.funcnet_activations(shape, 1, 4, layers=1)
     # what the count leaves out: a few values per token (LayerNorm and softmax statistics)
     assert planned == pytest.approx(slope, rel=0.03), (planned, slope)
+
+
+def test_a_zero_layout_with_another_programs_axes_is_refused_in_one_line():
+    shape = ml.Shape(2, 32, 2, 64, 8, 16)
+    with pytest.raises(ValueError, match=r"zero=1 plans funcnet's ZeRO step on a 1-D mesh of dp devices; fsdp=2, tp=2 "
+                                         r"describe another program"):
+        ml.plan(shape, ml.Layout(dp=2, fsdp=2, tp=2, zero=1))
+    with pytest.raises(ValueError, match=r"zero must be one of \(0, 1, 2, 3\).*got 4"):
+        ml.plan(shape, ml.Layout(dp=2, zero=4))
+    with pytest.raises(ValueError, match="dp must be a positive int.*got 0"):
+        ml.zero_plan(1000, 1, 0)
