@@ -321,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
     table = format_table(est, n_params=n, title=title)
-    console = wide_console(table, *([] if grid is None else [grid[0]]))
+    ours_table = None if per_device is None else _funcnet_zero_table(ours, args)
+    console = wide_console(table, *([] if grid is None else [grid[0]]), *([] if ours_table is None else [ours_table]))
     console.print(table)
     if per_device is not None:
         console.print(format_table(per_device, n_params=n, title=f"per device: the ZeRO paper's formula, ZeRO-{args.zero} over --dp "
@@ -330,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"ZeRO-{args.zero} (Rajbhandari et al. 2020, Figure 1: {formula}, Ψ parameters, K bytes of "
                       f"optimizer state, Nd = {args.dp} devices): {per_device.total / 1e9:.1f} GB per device, "
                       f"{est.total / 1e9:.1f} GB without ZeRO")
-        console.print(_funcnet_zero_table(ours, args))
+        console.print(ours_table)
     if grid is not None:
         table, cells, batch, value_bytes = grid
         inside = [(b, s, v) for b, s, v in cells if 20e9 <= v <= 50e9]
