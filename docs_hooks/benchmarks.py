@@ -25,7 +25,8 @@ __all__ = ["BENCHES", "FIGURES", "PLACEHOLDER", "load", "provenance", "render", 
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
-           "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid")
+           "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid",
+           "parallel_step")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -237,10 +238,25 @@ def _conv_models(result: dict) -> str:
     return "\n".join(out)
 
 
+def _parallel_step(result: dict) -> str:
+    out = ["| step | compiled MB per device | planned MB (`memory.layout.plan`) | planned / compiled "
+           "| the ZeRO paper's formula MB | ms/step |", "|---" * 6 + "|"]
+    rows = [(f"pipeline P={r['stages']} M={r['microbatches']} {r['schedule']}", r, "-") for r in result["pipeline"]]
+    rows += [(f"ZeRO-{r['zero']} on {r['devices']} devices", r, _f(r["paper_formula_bytes"] / 1e6))
+             for r in result["zero"]]
+    for name, r, paper in rows:
+        out.append(f"| {name} | {_f(r['bytes_per_device'] / 1e6)} | {_f(r['planned_bytes'] / 1e6)} | "
+                   f"{r['planned_bytes'] / r['bytes_per_device']:.3f} | {paper} | {_f(r['seconds'] * 1e3, 1)} |")
+    verdict = ("every row's plan is within a tenth of the compiled bytes" if result["planner_within_10_percent"]
+               else "a row's plan is more than a tenth off the compiled bytes")
+    return "\n".join(out) + f"\n\nIn this run {verdict}."
+
+
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
           "precision": _precision, "stream_train": _stream_train, "data_parallel": _data_parallel,
           "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
-          "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models}
+          "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models,
+          "parallel_step": _parallel_step}
 
 
 def _row(result, **match):

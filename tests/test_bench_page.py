@@ -107,6 +107,8 @@ def test_every_number_in_a_table_is_its_runs(name):
     if name.startswith("conv_models"):  # torch's time over funcnet's, eager and compiled, forward and train step
         values += [r[k][t] / r[k]["funcnet"] for r in saved["result"]["models"] for k in ("forward_ms", "train_ms")
                    for t in ("torch", "torch.compile") if t in r[k]]
+    if name == "parallel_step":  # planned over compiled bytes per row
+        values += [r["planned_bytes"] / r["bytes_per_device"] for r in saved["result"]["pipeline"] + saved["result"]["zero"]]
     assert NUMBER.findall(text), f"{name}: the table shows no number"
     assert not _unexplained(text, values), (name, _unexplained(text, values))
 
@@ -182,6 +184,18 @@ def test_the_convolution_runs_are_complete_and_checked_against_torch():
     assert variants >= {("resnet18", "converted"), ("resnet18", "hand-written"), ("convnext", "converted"),
                         ("convnext", "hand-written"), ("mobilenetv3", "converted")}, variants
     assert grid == {(m, v, s, b) for m, v in variants for s in (32, 64, 224) for b in (8, 64)}
+
+
+def test_the_parallel_step_run_has_every_plan_within_10_percent_of_the_compiled_step():
+    """The saved run's planner rows (funcnet.memory.layout.plan) against its compiled bytes, on CPU."""
+    saved = benchmarks.load("parallel_step")
+    result = saved["result"]
+    assert "--cpu" in saved["run"]["command"], saved["run"]["command"]
+    rows = result["pipeline"] + result["zero"]
+    assert {r["zero"] for r in result["zero"]} == {0, 1, 2, 3} and {r["schedule"] for r in result["pipeline"]} == {
+        "gpipe", "1f1b"}
+    worst = max(abs(r["planned_bytes"] / r["bytes_per_device"] - 1) for r in rows)
+    assert worst <= 0.10 and result["planner_within_10_percent"], worst
 
 
 def test_the_page_renders_and_a_bad_placeholder_is_named(tmp_path):

@@ -213,7 +213,7 @@ def test_the_design_pages_pipeline_figures_are_the_planners():
     shape = SEVEN_B
     printed = []
     for kind in ("1f1b", "gpipe"):
-        p = layout.plan(shape, layout.Layout(pp=4, microbatches=8, schedule=kind, remat="selective", precision="bf16"))
+        p = layout.plan(shape, layout.Layout(pp=4, microbatches=8, schedule=kind))
         printed.append(f"{kind} {p.activations / 1e9:.2f} GB of activations, {p.total / 1e9:.2f} GB in all")
     assert "prints `{}` and `{}`".format(*printed) in _text("design.md"), printed
 

@@ -124,6 +124,40 @@ def _check_zero_flags(args, given: dict) -> None:
                          f"drop --zero")
 
 
+def _funcnet_zero(args, n: int, activations: int, batch: int | None):
+    """funcnet's own ZeRO step per device (``memory.layout``): from the --transformer shapes with --batch
+    sequences per device, else from the parameter count."""
+    from funcnet.memory import layout
+
+    if args.transformer:
+        shape = layout.Shape(args.layers, args.hidden, args.heads, max(args.vocab, 1), args.seq,
+                             batch * args.dp, args.mlp_ratio, dropout=not args.no_dropout)
+        return layout.plan(shape, layout.Layout(dp=args.dp, precision=args.precision, optimizer=args.optimizer,
+                                                remat=args.recompute, zero=args.zero))
+    return layout.zero_plan(n, args.zero, args.dp, optimizer=args.optimizer, activations=activations)
+
+
+def _funcnet_zero_table(plan, args):
+    """The table of funcnet's ZeRO step per device, labelled as such."""
+    from rich.table import Table
+
+    table = Table(title=f"per device: funcnet's ZeRO-{args.zero} step over --dp {args.dp} (what it compiles on "
+                        f"XLA:CPU: float32 params, whole gradients and their all-reduce buffer"
+                        f"{', the gathered params' if args.zero == 3 else ''})")
+    table.add_column("part")
+    table.add_column("bytes", justify="right")
+    table.add_column("GB", justify="right")
+    rows = [("params", plan.params), ("optimizer", plan.optimizer), ("gathered params", plan.gathered),
+            ("grads", plan.grads), ("reduce buffer", plan.reduce_buffer), ("activations", plan.activations),
+            ("total (peak)", plan.total)]
+    for name, value in rows:
+        if value or name.startswith("total"):
+            table.add_row(name, f"{value:,}", f"{value / 1e9:,.2f}", style="bold" if name.startswith("total") else None)
+    table.caption = ("total: params + optimizer state + gathered params + the larger of the activations and the "
+                     "gradients with their all-reduce buffer (the backward frees the one as it makes the other)")
+    return table
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``funcnet memory`` parser: every flag with its help and default."""
     parser = _OneLineParser(prog="funcnet memory", description="Estimate the memory of one training step.")
@@ -164,14 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the data-parallel all-reduce writes into the gradients (torch DDP's "
                           "gradient_as_bucket_view=True): no second copy of them")
     pipe = parser.add_argument_group(
-        "pipeline (per device: the first stage's bytes; Rajbhandari et al. 2020's 2 + 2 + K bytes per parameter over "
-        "a stage's L/P layers, Korthikanti et al. 2022 section 4.2.3's activations)")
+        "pipeline (per device: one stage of funcnet.parallel.pipeline as it compiles: float32 state of its L/P layers "
+        "and the embeddings, the held stage inputs, one microbatch's rerun)")
     pipe.add_argument("--pp", type=int, help="pipeline stages P, each running L/P of the --layers (default 1: none)")
     pipe.add_argument("--microbatches", type=int, metavar="M",
                       help="microbatches per data replica's batch, per step (default 1)")
     pipe.add_argument("--schedule", choices=("gpipe", "1f1b"),
-                      help="1f1b (default): the first stage holds min(P, M) microbatches' activations of its L/P "
-                           "layers; gpipe: all M of them (every forward before any backward)")
+                      help="1f1b (default): a stage holds min(P, M) microbatches' stage inputs; gpipe: all M of "
+                           "them (every forward before any backward)")
     pipe.add_argument("--accumulate-in-place", action="store_true",
                       help="microbatch gradients added into the sum in place (torch's .grad, Megatron's "
                            "gradient_accumulation_fusion): no second copy of them (default: one, as jax.vjp gives)")
@@ -180,11 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     lay.add_argument("--layouts", type=int, metavar="N",
                      help=f"list every dp x fsdp x tp layout of N devices (tp <= 8; N up to {LAYOUTS_MAX:,}), under "
                           f"--remat's policy if given (else each), and the smallest that fits (default: none)")
-    z = parser.add_argument_group("ZeRO (Rajbhandari et al. 2020, Figure 1: per-device bytes of data parallelism)")
+    z = parser.add_argument_group("ZeRO (per-device bytes of data parallelism: the formula of Rajbhandari et al. "
+                                  "2020, Figure 1, and funcnet's own step)")
     z.add_argument("--zero", type=int, choices=(1, 2, 3),
                    help="shard over --dp devices the optimizer state and master copy (1), also the gradients (2), "
                         "also the parameters (3): mixed-precision Adam's (2 + 2 + K) bytes per parameter, K = 12, "
-                        "become 2 + 2 + K/Nd, 2 + (2 + K)/Nd, (2 + 2 + K)/Nd (default: none, no sharding)")
+                        "become 2 + 2 + K/Nd, 2 + (2 + K)/Nd, (2 + 2 + K)/Nd; beside it funcnet's own step "
+                        "(float32 params, whole gradients; with --transformer, --batch is per device) "
+                        "(default: none, no sharding)")
     parser.add_argument("--json", action="store_true",
                         help="print the figures as one JSON object (bytes, as the funcnet.memory functions return "
                              "them) instead of the tables")
@@ -267,6 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kw = {} if sizes is None else {"sizes": sizes, "batch": args.batch}
         est = estimate(n, args.optimizer, activations=0 if sizes else act, **kw, **PRECISIONS[args.precision])
         per_device = None if args.zero is None else zero_per_device(est, args.zero, args.dp)
+        ours = None if args.zero is None else _funcnet_zero(args, n, est.activations, None if grid is None else grid[2])
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     if args.json:
@@ -275,21 +313,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures.update(counted_parameters=counted, activations={"bytes": act, "batch": grid[2], "seq": args.seq},
                            grid=[{"batch": b, "seq": s, "bytes": v} for b, s, v in grid[1]])
         if per_device is not None:
-            figures.update(zero=args.zero, dp=args.dp, per_device=per_device.as_dict())
+            figures.update(zero=args.zero, dp=args.dp, per_device=per_device.as_dict(),
+                           funcnet_per_device={k: v for k, v in ours._asdict().items() if k not in ("fits", "layout")})
         print(json.dumps(figures, indent=2))
         return 0
     from funcnet.cli.memory_layout import wide_console
 
     title = f"{n:,} parameters, {args.optimizer}, {args.precision}"
     table = format_table(est, n_params=n, title=title)
-    console = wide_console(table, *([] if grid is None else [grid[0]]))
+    ours_table = None if per_device is None else _funcnet_zero_table(ours, args)
+    console = wide_console(table, *([] if grid is None else [grid[0]]), *([] if ours_table is None else [ours_table]))
     console.print(table)
     if per_device is not None:
-        console.print(format_table(per_device, n_params=n, title=f"per device: ZeRO-{args.zero} over --dp {args.dp}"))
+        console.print(format_table(per_device, n_params=n, title=f"per device: the ZeRO paper's formula, ZeRO-{args.zero} over --dp "
+                                                                     f"{args.dp} (Rajbhandari et al. 2020)"))
         formula = {1: "2Ψ + 2Ψ + KΨ/Nd", 2: "2Ψ + (2 + K)Ψ/Nd", 3: "(2 + 2 + K)Ψ/Nd"}[args.zero]
         console.print(f"ZeRO-{args.zero} (Rajbhandari et al. 2020, Figure 1: {formula}, Ψ parameters, K bytes of "
                       f"optimizer state, Nd = {args.dp} devices): {per_device.total / 1e9:.1f} GB per device, "
                       f"{est.total / 1e9:.1f} GB without ZeRO")
+        console.print(ours_table)
     if grid is not None:
         table, cells, batch, value_bytes = grid
         inside = [(b, s, v) for b, s, v in cells if 20e9 <= v <= 50e9]

@@ -61,14 +61,14 @@ def _pipeline_note(shape, lay) -> str:
     held = _layout.held_microbatches(lay)
     why = "every forward before any backward" if lay.schedule == "gpipe" else "P - 1 warm-up forwards, then 1F1B"
     micro = shape.batch // (lay.dp * lay.fsdp * lay.microbatches)
-    return (f"pipeline: each of the {lay.pp} stages runs {shape.n_layer // lay.pp} of the {shape.n_layer} layers and "
-            f"holds their params, grads and optimizer state plus the embeddings (Rajbhandari et al. 2020: 2 + 2 + K "
-            f"bytes per parameter, K = 12, for mixed-precision Adam); the first stage holds {held} of the "
-            f"{lay.microbatches} microbatches' activations ({micro} sequence{'' if micro == 1 else 's'} each) of its layers "
-            f"at once "
-            f"({lay.schedule}: {why}; Korthikanti et al. 2022, section 4.2.3)"
+    return (f"pipeline: each of the {lay.pp} stages of funcnet.parallel.pipeline runs {shape.n_layer // lay.pp} of the "
+            f"{shape.n_layer} layers and keeps their float32 params, grads and optimizer state plus the embeddings; "
+            f"it holds {held} of the {lay.microbatches} microbatches' stage inputs ({micro} "
+            f"sequence{'' if micro == 1 else 's'} each) at once ({lay.schedule}: {why}) and in each backward tick "
+            f"reruns one microbatch's stage (its blocks, the embedding, head and loss)"
             + ("" if lay.microbatches == 1 or lay.accumulate_in_place else
-               "; accum buffer: each microbatch's gradients before they join the sum"))
+               "; total: the larger of that rerun and the accum buffer (the microbatch's gradients before they "
+               "join the sum)"))
 
 
 def print_layout(args, remat_given: bool = False) -> int:
