@@ -4,7 +4,8 @@
 
 Builds the site (``mkdocs build --strict``) into a temporary folder, serves it over http
 and saves the front page and one concept page at 1280 x 800 as 8-bit palette PNGs
-(``comparisons._screenshot.screenshot``). Needs Chromium, chromedriver and selenium, as the
+(``comparisons._screenshot.screenshot``), each with the digests of its page's sources in its
+PNG text (``sources``), which tests/test_readme_pictures.py checks. Needs Chromium, chromedriver and selenium, as the
 site's test does.
 """
 
@@ -26,6 +27,28 @@ __all__ = ["PAGES", "take"]
 PAGES = {"site-front.png": "", "site-concept.png": "concepts/mixed_precision/#pytorch-and-jax"}
 
 
+def first_screen(readme: str) -> str:
+    """The part of README.md the front page's picture shows: everything above its first picture."""
+    return readme.split("\n![", 1)[0]
+
+
+def sources() -> dict[str, dict[str, str]]:
+    """picture -> ``{name: sha256}`` of the sources its page is made of (the site's nav in
+    mkdocs.yml for both; the README's first screen for the front page, which docs_hooks.front
+    makes from README.md; the comparison's own file and the saved run for the concept page).
+    Recorded in each PNG's text; tests/test_readme_pictures.py recomputes them."""
+    import hashlib
+
+    digest = lambda text: hashlib.sha256(text.encode()).hexdigest()  # noqa: E731
+    nav = digest((ROOT / "mkdocs.yml").read_text())
+    return {
+        "site-front.png": {"mkdocs.yml": nav, "README.md first screen": digest(first_screen((ROOT / "README.md").read_text()))},
+        "site-concept.png": {"mkdocs.yml": nav,
+                             "comparisons/mixed_precision.py": digest((ROOT / "comparisons" / "mixed_precision.py").read_text()),
+                             "docs/data/comparisons.json": digest((ROOT / "docs" / "data" / "comparisons.json").read_text())},
+    }
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
@@ -40,7 +63,9 @@ def take(site: Path, out: Path, *, width: int = 1280, height: int = 800) -> list
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}/"
-        return [screenshot(base + page, out / png, width=width, height=height, viewport=True) for png, page in PAGES.items()]
+        about = sources()
+        return [screenshot(base + page, out / png, width=width, height=height, viewport=True, about=about[png])
+                for png, page in PAGES.items()]
     finally:
         server.shutdown()
         server.server_close()
