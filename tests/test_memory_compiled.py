@@ -103,3 +103,15 @@ def test_a_zero_layout_with_another_programs_axes_is_refused_in_one_line():
         ml.plan(shape, ml.Layout(dp=2, zero=4))
     with pytest.raises(ValueError, match="dp must be a positive int.*got 0"):
         ml.zero_plan(1000, 1, 0)
+
+
+@pytest.mark.parametrize("shape", [(37, 111), (111, 37, 3), (64, 36), (8, 200), (3, 500), (30, 30), (2, 3)])
+def test_held_elements_is_what_a_device_holds_of_fsdps_placement(shape):
+    """Even, padded (no axis divides 4) and whole arrays: the planner's count against the rows of the
+    padded array that ``fsdp.param_spec``'s sharding puts on device 0 (jax's own shard, not arithmetic)."""
+    mesh = fsdp.mesh(DEVICES)
+    spec = fsdp.param_spec(shape, DEVICES, min_size=100)
+    padded = tuple(-(-d // DEVICES) * DEVICES if name else d for d, name in
+                   zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))))
+    placed = jax.device_put(jnp.zeros(padded, jnp.float32), NamedSharding(mesh, spec))
+    assert ml.held_elements([shape], DEVICES, min_size=100) == placed.addressable_shards[0].data.size

@@ -235,13 +235,21 @@ def gpt_arrays(shape: Shape) -> list[tuple[int, ...]]:
 
 def held_elements(arrays, n: int, *, min_size: int = MIN_SIZE) -> int:
     """Elements one of ``n`` devices holds of ``arrays`` placed by ``funcnet.parallel.fsdp.param_spec``: an
-    array is split ``n`` ways along an axis ``n`` divides, and stays whole when no axis does or it has fewer
-    than ``min_size`` elements."""
+    array of at least ``min_size`` elements is split ``n`` ways along an axis ``n`` divides; when none does,
+    along its largest axis of at least ``n`` entries padded to a multiple of ``n`` (as FSDP2), each device
+    holding ``ceil(d / n)`` of its ``d`` rows; it stays whole when it is smaller or no axis has ``n`` entries."""
     total = 0
     for a in arrays:
         size = math.prod(a)
-        split = n > 1 and size >= min_size and any(d % n == 0 for d in a)
-        total += size // n if split else size
+        if n == 1 or size < min_size:
+            total += size
+        elif any(d % n == 0 for d in a):
+            total += size // n
+        elif any(d >= n for d in a):
+            d = max(a)
+            total += size // d * -(-d // n)
+        else:
+            total += size
     return total
 
 
