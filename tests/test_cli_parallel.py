@@ -69,6 +69,7 @@ def test_the_mlp_in_two_pipeline_stages_from_the_command_line_equals_one_device(
     (["--devices", "2", "--parallel", "pipe", "--batch-size", "30", "--microbatches", "4"],
      "--batch-size 30 does not split into --microbatches 4"),
     (["--devices", "2", "--stages", "2"], "--stages set the pipeline of --parallel pipe; add --parallel pipe"),
+    (["--devices", "2", "--parallel", "pipe", "--precision", "bf16"], "--parallel pipe trains in float32"),
 ])
 def test_what_pipe_cannot_take_is_one_line(tmp_path, capsys, flags, fragment):
     assert cli.main(["train", "--epochs", "1", "--out", str(tmp_path / "x"), *flags]) == 2
