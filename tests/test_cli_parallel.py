@@ -106,14 +106,15 @@ def test_the_gpts_command_line_plan_is_megatrons_with_c_attn_whole():
         assert sh["transformer"]["wte"]["weight"].spec == wte
 
 
-@pytest.mark.slow  # the plan is checked above without compiling; this trains it
-def test_the_gpt_on_two_devices_by_tp_equals_one_device(tmp_path):
-    flags = ["--model", "gpt", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+@pytest.mark.slow  # the plan is checked above without compiling, the pipeline on the MLP; this trains the GPT
+@pytest.mark.parametrize("kind", ["tp", "pipe"])
+def test_the_gpt_on_two_devices_by_tp_or_pipe_equals_one_device(tmp_path, kind):
+    flags = ["--model", "gpt", "--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
              "--sample-chars", "5", "--optimizer", "sgd", "--lr", "0.5", "--batch-size", "64", "--max-steps", "3",
              "--quiet"]
     runs = {}
-    for name, extra in (("one", []), ("tp", ["--devices", "2", "--parallel", "tp"])):
+    for name, extra in (("one", []), (kind, ["--devices", "2", "--parallel", kind])):
         assert cli.main(["train", *flags, "--out", str(tmp_path / name), *extra]) == 0
         runs[name] = np.load(tmp_path / name / "params.npz")
     for k in runs["one"].files:
-        np.testing.assert_allclose(runs["tp"][k], runs["one"][k], rtol=0, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(runs[kind][k], runs["one"][k], rtol=0, atol=1e-5, err_msg=k)
