@@ -267,7 +267,9 @@ def _check_backend() -> None:
 
 
 def _strategy(args, model):
-    """fit's strategy for --parallel: its name, or for tp a plan: the MLP's Linear layers in pairs,
+    """fit's strategy for --parallel: its name; for pipe, ``Strategy("pipe")`` of --stages,
+    --microbatches and --schedule (``parallel.stages`` splits the MLP's Linears evenly; the GPT
+    takes its own fast path); for tp a plan: the MLP's Linear layers in pairs,
     column- then row-parallel (Megatron's MLP), a last unpaired layer whole; the GPT's Megatron plan
     with c_attn whole (its rows are nanoGPT's [q | k | v], which split over devices into no whole
     heads; each device computes the attention, c_proj splits its heads row-parallel), the
