@@ -1,4 +1,4 @@
-"""``funcnet train --parallel fsdp | zero1 | zero2 | tp``: the sharded strategies from the command line give the
+"""``funcnet train --parallel fsdp | zero1 | zero2 | tp | pipe``: the sharded strategies from the command line give the
 one-device run's params (the oracle: the same command on one device), and what a strategy cannot take is refused
 in one line before training."""
 
@@ -13,6 +13,7 @@ from jax.sharding import PartitionSpec as P
 from funcnet import cli, gpt
 from funcnet import step as fstep
 from funcnet.cli import train as cli_train
+from funcnet.parallel import stages as pipe_stages
 from funcnet.parallel import tensor as tp
 
 # SGD: each weight moves by lr * gradient, so float32 rounding of the gradient's sum order stays ~1e-7 after 3 steps
@@ -37,6 +38,43 @@ def test_sharded_strategies_from_the_command_line_equal_one_device(tmp_path, kin
     assert two.files == one.files
     for k in one.files:  # weights of size <= 1, 3 steps of lr 0.5: 1e-5 is ~100x the rounding, 1e-3 under a bug
         np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+def test_the_mlp_in_two_pipeline_stages_from_the_command_line_equals_one_device(tmp_path, monkeypatch, one):
+    cuts = []  # the run is pipelined (a data-parallel run would give the same params): parallel.stages cuts the MLP
+
+    def split(model, loss_fn, params, x, y, stages, split_points=None):
+        plan = real(model, loss_fn, params, x, y, stages, split_points)
+        cuts.append((stages, plan.cuts))
+        return plan
+
+    real = pipe_stages.split
+    monkeypatch.setattr(pipe_stages, "split", split)
+    two = _params(tmp_path, "pipe", "--devices", "2", "--parallel", "pipe")
+    assert [s for s, _ in cuts] == [2], cuts
+    assert two.files == one.files
+    for k in one.files:  # as above: the microbatches' gradients are float32 sums in another order
+        np.testing.assert_allclose(two[k], one[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--model", "cnn", "--devices", "2", "--parallel", "pipe"],
+     "--parallel pipe takes --model mlp or gpt; for --model cnn: the ConvNet's BatchNorm keeps running statistics"),
+    (["--model", "lstm", "--devices", "2", "--parallel", "pipe"], "for --model lstm: its layers run as one LSTM"),
+    (["--hidden", "32", "--devices", "4", "--parallel", "pipe"],
+     "splits the MLP's 2 Linear layers into --stages 4; use at most 2 stages"),
+    (["--model", "gpt", "--n-layer", "3", "--devices", "2", "--parallel", "pipe"],
+     "--n-layer 3 blocks into --stages 2, which does not divide it"),
+    (["--devices", "4", "--stages", "3", "--parallel", "pipe"], "--stages 3 does not divide --devices 4"),
+    (["--devices", "2", "--parallel", "pipe", "--batch-size", "30", "--microbatches", "4"],
+     "--batch-size 30 does not split into --microbatches 4"),
+    (["--devices", "2", "--stages", "2"], "--stages set the pipeline of --parallel pipe; add --parallel pipe"),
+    (["--devices", "2", "--parallel", "pipe", "--precision", "bf16"], "--parallel pipe trains in float32"),
+])
+def test_what_pipe_cannot_take_is_one_line(tmp_path, capsys, flags, fragment):
+    assert cli.main(["train", "--epochs", "1", "--out", str(tmp_path / "x"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and len(err.splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("flags, fragment", [
@@ -68,14 +106,15 @@ def test_the_gpts_command_line_plan_is_megatrons_with_c_attn_whole():
         assert sh["transformer"]["wte"]["weight"].spec == wte
 
 
-@pytest.mark.slow  # the plan is checked above without compiling; this trains it
-def test_the_gpt_on_two_devices_by_tp_equals_one_device(tmp_path):
-    flags = ["--model", "gpt", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
+@pytest.mark.slow  # the plan is checked above without compiling, the pipeline on the MLP; this trains the GPT
+@pytest.mark.parametrize("kind", ["tp", "pipe"])
+def test_the_gpt_on_two_devices_by_tp_or_pipe_equals_one_device(tmp_path, kind):
+    flags = ["--model", "gpt", "--n-layer", "2", "--n-embd", "16", "--n-head", "2", "--block-size", "8",
              "--sample-chars", "5", "--optimizer", "sgd", "--lr", "0.5", "--batch-size", "64", "--max-steps", "3",
              "--quiet"]
     runs = {}
-    for name, extra in (("one", []), ("tp", ["--devices", "2", "--parallel", "tp"])):
+    for name, extra in (("one", []), (kind, ["--devices", "2", "--parallel", kind])):
         assert cli.main(["train", *flags, "--out", str(tmp_path / name), *extra]) == 0
         runs[name] = np.load(tmp_path / name / "params.npz")
     for k in runs["one"].files:
-        np.testing.assert_allclose(runs["tp"][k], runs["one"][k], rtol=0, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(runs[kind][k], runs["one"][k], rtol=0, atol=1e-5, err_msg=k)

@@ -186,12 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--devices", type=_positive_int, default=1,
                    help="data-parallel devices, simulated on a CPU-only machine; --batch-size splits over them "
                         "(default %(default)s)")
-    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp"],
+    t.add_argument("--parallel", choices=["pmap", "shard_map", "sharding", "fsdp", "zero1", "zero2", "tp", "pipe"],
                    default=None,
                    help="how the step is spread over --devices: data parallel (pmap, shard_map, sharding), the "
-                        "optimizer state split (zero1; zero2: its gradients too), params too (fsdp), or the matrices "
-                        "split column then row (tp, --model mlp or gpt) (default: shard_map when --devices > 1, "
-                        "else none)")
+                        "optimizer state split (zero1; zero2: its gradients too), params too (fsdp), the matrices "
+                        "split column then row (tp, --model mlp or gpt), or the layers in pipeline stages (pipe, "
+                        "--model mlp or gpt; see --stages) (default: shard_map when --devices > 1, else none)")
+    p = t.add_argument_group("--parallel pipe")
+    p.add_argument("--stages", type=_positive_int, default=None,
+                   help="pipeline stages, each a run of layers on its own device: the MLP's Linear layers split "
+                        "evenly, the GPT's blocks (a divisor of --n-layer); --devices / --stages is the data axis "
+                        "(default: --devices)")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default=None,
+                   help="the pipeline's order of microbatch forwards and backwards (default 1f1b)")
+    p.add_argument("--microbatches", type=_positive_int, default=None,
+                   help="microbatches per step and data device; --batch-size must split into them (default: "
+                        "--stages)")
     t.add_argument("--seed", type=_seed, default=0,
                    help="seed of the initial weights, the data's split and shuffling, and the sample (default %(default)s)")
     t.add_argument("--checkpoint-dir", default=None,

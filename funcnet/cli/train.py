@@ -267,11 +267,18 @@ def _check_backend() -> None:
 
 
 def _strategy(args, model):
-    """fit's strategy for --parallel: its name, or for tp a plan: the MLP's Linear layers in pairs,
+    """fit's strategy for --parallel: its name; for pipe, ``Strategy("pipe")`` of --stages,
+    --microbatches and --schedule (``parallel.stages`` splits the MLP's Linears evenly; the GPT
+    takes its own fast path); for tp a plan: the MLP's Linear layers in pairs,
     column- then row-parallel (Megatron's MLP), a last unpaired layer whole; the GPT's Megatron plan
     with c_attn whole (its rows are nanoGPT's [q | k | v], which split over devices into no whole
     heads; each device computes the attention, c_proj splits its heads row-parallel), the
     embedding split by vocabulary where --devices divides it."""
+    if args.parallel == "pipe":  # the GPT by its fast path (the model is funcnet's GPT), the MLP by its Linears
+        from funcnet.parallel import strategy as _strategy_mod
+
+        return _strategy_mod.Strategy("pipe", pipeline=args.stages, microbatches=args.microbatches,
+                                      schedule=args.schedule)
     if args.parallel != "tp":
         return args.parallel
     from funcnet.parallel import strategy as _strategy_mod
@@ -313,6 +320,48 @@ def _check_tp(args) -> None:
                          f"{args.devices}")
 
 
+_PIPE_FLAGS = ("stages", "schedule", "microbatches")
+
+
+def _check_pipe(args) -> None:
+    """--parallel pipe (and its --stages, --schedule, --microbatches) for a model the pipeline can
+    split: the MLP's Linear layers evenly, the GPT's blocks; refused here, before anything compiles."""
+    if args.parallel != "pipe":
+        given = [f"--{k}" for k in _PIPE_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} set the pipeline of --parallel pipe; add --parallel pipe "
+                             f"--devices N or leave {'them' if len(given) > 1 else 'it'} out")
+        return
+    args.stages = args.stages or args.devices
+    args.schedule = args.schedule or "1f1b"
+    args.microbatches = args.microbatches or args.stages
+    if args.devices % args.stages:
+        raise UsageError(f"--stages {args.stages} does not divide --devices {args.devices} (the data axis is "
+                         f"--devices / --stages); use --devices a multiple of {args.stages}")
+    if args.model in ("cnn", "lstm"):
+        why = {"cnn": "the ConvNet's BatchNorm keeps running statistics, which the pipeline's stages do not carry",
+               "lstm": "its layers run as one LSTM module, which no even split cuts"}[args.model]
+        raise UsageError(f"--parallel pipe takes --model mlp or gpt; for --model {args.model}: {why}; use --parallel "
+                         f"shard_map, fsdp, zero1 or zero2")
+    if args.precision != "fp32":
+        raise UsageError(f"--parallel pipe trains in float32; leave out --precision {args.precision}")
+    if args.model == "mlp":
+        layers = len(args.hidden or [128]) + 1
+        if layers < args.stages:
+            raise UsageError(f"--parallel pipe splits the MLP's {layers} Linear layers into --stages {args.stages}; "
+                             f"use at most {layers} stages or more --hidden layers")
+        if args.stream is not None:
+            raise UsageError("--parallel pipe traces the MLP on arrays, not --stream records; leave out --stream "
+                             "or use --parallel shard_map")
+    elif args.n_layer % args.stages:
+        raise UsageError(f"--parallel pipe splits the GPT's --n-layer {args.n_layer} blocks into --stages "
+                         f"{args.stages}, which does not divide it; use a divisor of {args.n_layer}")
+    per = args.microbatches * (args.devices // args.stages)
+    if args.batch_size % per:
+        raise UsageError(f"--batch-size {args.batch_size} does not split into --microbatches {args.microbatches} on "
+                         f"each of {args.devices // args.stages} data devices; use a multiple of {per}")
+
+
 def _parallel_flags(args) -> None:
     """--devices N / --parallel KIND (default shard_map). On a CPU-only machine the N devices
     are simulated, which must happen before JAX's backend starts: importing funcnet does
@@ -325,6 +374,7 @@ def _parallel_flags(args) -> None:
                          f"use a multiple of {args.devices} (e.g. {f'{lo} or ' if lo else ''}{hi})")
     args.parallel = args.parallel or "shard_map"
     _check_tp(args)
+    _check_pipe(args)
     try:
         parallel.simulate_cpu_devices(args.devices)
     except RuntimeError as e:
@@ -370,6 +420,8 @@ def _check_model_flags(args) -> None:
 
 def _check_flags(args) -> None:
     _check_model_flags(args)
+    if args.parallel != "pipe":
+        _check_pipe(args)  # --stages, --schedule, --microbatches need --parallel pipe
     if args.out is None:  # one default per model: a cnn run never replaces the mlp run's outputs
         args.out = f"runs/train-{args.model}"
     if args.dataset == "mnist" and args.data_dir is None:
