@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import json
 import subprocess
 import sys
 import tempfile
@@ -32,10 +33,16 @@ def first_screen(readme: str) -> str:
     return readme.split("\n![", 1)[0]
 
 
+def _saved(name: str) -> dict:
+    """The saved run's result of comparison ``name`` (docs/data/comparisons.json): what its page shows."""
+    run = json.loads((ROOT / "docs" / "data" / "comparisons.json").read_text())
+    return next(r for r in run["results"] if r["name"] == name)
+
+
 def sources() -> dict[str, dict[str, str]]:
     """picture -> ``{name: sha256}`` of the sources its page is made of (the site's nav in
     mkdocs.yml for both; the README's first screen for the front page, which docs_hooks.front
-    makes from README.md; the comparison's own file and the saved run for the concept page).
+    makes from README.md; the comparison's own file and its saved result for the concept page).
     Recorded in each PNG's text; tests/test_readme_pictures.py recomputes them."""
     import hashlib
 
@@ -45,7 +52,7 @@ def sources() -> dict[str, dict[str, str]]:
         "site-front.png": {"mkdocs.yml": nav, "README.md first screen": digest(first_screen((ROOT / "README.md").read_text()))},
         "site-concept.png": {"mkdocs.yml": nav,
                              "comparisons/mixed_precision.py": digest((ROOT / "comparisons" / "mixed_precision.py").read_text()),
-                             "docs/data/comparisons.json": digest((ROOT / "docs" / "data" / "comparisons.json").read_text())},
+                             "saved run of mixed_precision": digest(json.dumps(_saved("mixed_precision"), sort_keys=True))},
     }
 
 

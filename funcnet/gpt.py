@@ -33,6 +33,7 @@ from funcnet import init as _init
 from funcnet import nn
 from funcnet.gpt_optim import clip_grad_norm, configure_optimizers, decay_mask, lr_schedule
 
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # GPT(config).apply -> config
 __all__ = ["GPTConfig", "GPT", "build", "Block", "CausalSelfAttention", "MLP", "causal_attention", "generate",
            "configure_optimizers", "lr_schedule", "decay_mask", "clip_grad_norm", "num_params", "ACTIVATIONS",
            "REMAT", "remat_policy", "stack_blocks", "scan_blocks", "loss_around_blocks", "measure_activations"]
@@ -264,20 +265,16 @@ def GPT(config: GPTConfig, *, dtype=jnp.float32, remat=None) -> nn.Module:
         forward, name=f"GPT({', '.join(f'{k}={v}' for k, v in shown)}{remat_name})",
         transformer=transformer, lm_head=_linear(config.n_embd, config.vocab_size, False, dtype),
         tied={"lm_head.weight": "transformer.wte.weight"})
-    _MADE[model.apply] = config
+    _MADE[model.apply] = config  # the apply of each model GPT built -> its config (config_of)
     return model
-
-
-_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # the apply of each model GPT built -> its config
 
 
 def config_of(model) -> GPTConfig | None:
     """The ``GPTConfig`` of a model ``GPT(config)`` built (known by the identity of its ``apply``,
     not its name or params), else None: what lets a strategy take a GPT-only fast path."""
-    apply = getattr(model, "apply", None)
     try:
-        return _MADE.get(apply) if apply is not None else None
-    except TypeError:  # an apply that cannot be weakly referenced was not built here
+        return _MADE.get(getattr(model, "apply", None))
+    except TypeError:  # None, or an apply that cannot be weakly referenced, was not built here
         return None
 
 
@@ -292,9 +289,7 @@ def num_params(params, non_embedding: bool = True) -> int:
     """nanoGPT's ``get_num_params``: the tied weight counted once; ``non_embedding`` leaves
     out the position embeddings (the token embedding is the LM head and stays in)."""
     n = sum(int(a.size) for a in jax.tree.leaves(params))
-    if non_embedding:
-        n -= int(params["transformer"]["wpe"]["weight"].size)
-    return n
+    return n - int(params["transformer"]["wpe"]["weight"].size) if non_embedding else n
 
 
 def stack_blocks(h) -> dict:
@@ -343,16 +338,12 @@ def loss_around_blocks(config: GPTConfig, run_blocks, *, dtype=jnp.float32):
 
 
 def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2, 4), dtype=jnp.float32) -> dict:
-    """What XLA keeps per block for the backward, measured: the temps of the compiled
-    ``value_and_grad`` of the GPT's loss, with the blocks' params passed stacked (as
-    ``scan_blocks`` runs them, so no per-step stacking copy is counted) at ``config.block_size``
-    tokens x ``batch``, for two depths; the bytes per block are the slope between them
-    (what does not grow with depth, the embeddings, logits and one block's backward working
-    set, cancels). Returns ``{"per_layer": bytes, "temps": {depth: bytes}}``. Nothing runs.
-
-    Compare ``memory.transformer_activations(1, ..., recompute=...)``: ``remat="paper"`` with
-    ``recompute="none"``, ``"selective"`` with ``"selective"``, ``"full"`` with ``"full"``.
-    """
+    """What XLA keeps per block for the backward, measured: the temps of the compiled ``value_and_grad``
+    of the GPT's loss, the blocks' params stacked as ``scan_blocks`` runs them, at ``config.block_size``
+    tokens x ``batch`` for two depths; the bytes per block are the slope between them (what does not
+    grow with depth cancels). Returns ``{"per_layer": bytes, "temps": {depth: bytes}}``; nothing runs.
+    Compare ``memory.transformer_activations(1, ..., recompute=R)``: ``remat="paper"`` with R ``"none"``,
+    ``"selective"`` and ``"full"`` with the same R."""
     from funcnet import memory
 
     lo, hi = layers
@@ -362,15 +353,13 @@ def measure_activations(config: GPTConfig, batch: int, remat=None, *, layers=(2,
     temps = {}
     for n_layer in (lo, hi):
         cfg = config._replace(n_layer=n_layer)
-        model = GPT(cfg, dtype=dtype)
-        params = jax.eval_shape(model.init, jax.random.key(0))
+        params = jax.eval_shape(GPT(cfg, dtype=dtype).init, jax.random.key(0))
         top = params["transformer"]
         rest = {**params, "transformer": {k: v for k, v in top.items() if k != "h"}}
-        stacked = jax.eval_shape(stack_blocks, top["h"])
         loss = loss_around_blocks(cfg, functools.partial(scan_blocks, cfg, remat=remat, dtype=dtype), dtype=dtype)
-
         idx = jax.ShapeDtypeStruct((batch, config.block_size), jnp.int32)
-        temps[n_layer] = memory.measure(jax.value_and_grad(loss, argnums=(0, 1)), rest, stacked, idx, idx).temps
+        temps[n_layer] = memory.measure(jax.value_and_grad(loss, argnums=(0, 1)), rest,
+                                        jax.eval_shape(stack_blocks, top["h"]), idx, idx).temps
     return {"per_layer": (temps[hi] - temps[lo]) / (hi - lo), "temps": temps}
 
 
@@ -401,14 +390,10 @@ def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, tempera
         raise ValueError(f"generate: max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
         raise ValueError(f"generate: top_k must be None or a positive int, got {top_k!r}")
-    if not greedy and not float(temperature) > 0.0:
-        raise ValueError(f"generate: temperature must be > 0, got {temperature!r}; for argmax decoding pass "
-                         f"greedy=True")
-    tiny = float(jnp.finfo(jnp.float32).tiny)
+    tiny = float(jnp.finfo(jnp.float32).tiny)  # below float32's smallest normal the divided logits overflow
     if not greedy and not tiny <= float(temperature) < float("inf"):
         raise ValueError(f"generate: temperature must be a finite float32 of at least {tiny:.4g} (its smallest normal "
-                         f"number; below it the logits divided by it overflow), got {temperature!r}; for the "
-                         f"limit temperature -> 0 pass greedy=True")
+                         f"number), got {temperature!r}; for argmax decoding (temperature -> 0) pass greedy=True")
     from funcnet.step import _check_key
 
     if key is None and greedy:
@@ -424,9 +409,8 @@ def generate(model: nn.Module, params, idx, max_new_tokens: int, *, key, tempera
         # a model without a position embedding: any context length, the vocabulary from its logits
         n_pos = block_size
         vocab = int(jax.eval_shape(lambda p, i: model.apply(p, i), params, idx[:, :1]).shape[-1])
-    if block_size is None:
-        block_size = n_pos
-    elif isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= n_pos:
+    block_size = n_pos if block_size is None else block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 0 < block_size <= n_pos:
         raise ValueError(f"generate: block_size must be an int in [1, {n_pos}] (the model's {n_pos} positions), "
                          f"got {block_size!r}; leave it out to use all {n_pos}")
     if not isinstance(idx, jax.core.Tracer) and idx.size:

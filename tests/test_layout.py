@@ -92,7 +92,8 @@ def test_the_parallel_package_has_a_module_per_strategy():
 
     from funcnet import parallel
 
-    strategies = {"data", "zero", "fsdp", "tensor", "pipeline", "mesh", "strategy"}
+    # stages: the pipeline of any model (its traced forward cut at named modules), run by pipeline's tables
+    strategies = {"data", "zero", "fsdp", "tensor", "pipeline", "stages", "mesh", "strategy"}
     files = {p.stem for p in (PACKAGE / "parallel").glob("*.py")} - {"__init__"}
     assert files == strategies
     for name in strategies:  # each opens with its torch counterpart
