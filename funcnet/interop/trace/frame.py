@@ -27,6 +27,16 @@ def user_line(skip_dirs: tuple[str, ...]) -> str:
     return "?"
 
 
+def as_replayed(value):
+    """A constant argument as the replay passes it: a torch dtype as JAX's, a device (layout,
+    memory format) as None, as ``Frame.arg`` records them in the caller's graph; so a child called
+    with ``dtype=x.dtype, device=x.device`` is matched to its recording when the model runs."""
+    kind = type(value)
+    if kind.__module__ == "torch" and kind.__name__ in ("dtype", "device", "memory_format", "layout"):
+        return jnp.dtype(str(value).replace("torch.", "")) if kind.__name__ == "dtype" else None
+    return value
+
+
 def flatten_args(value, path=()):
     """``[(path, leaf)]`` of an argument tree (tuples, lists, dicts, dataclasses)."""
     if isinstance(value, (tuple, list)):

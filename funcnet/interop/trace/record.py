@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.trace.frame import Dim, Frame, flatten_args, user_line
+from funcnet.interop.trace.frame import Dim, Frame, as_replayed, flatten_args, user_line
 from funcnet.interop.trace.graph import Graph, Node, Ref, structure
 from funcnet.interop.trace.env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
 from funcnet.interop.trace.vmap import recording_vmap
@@ -107,7 +107,7 @@ class Recorder:
                             frame.inputs[(name, path)] = ref.node
                             frame.known[id(leaf)] = (leaf, ref)
                         else:
-                            frame.constants[(name, path)] = leaf
+                            frame.constants[(name, path)] = as_replayed(leaf)
             frame.buffers_before = {n: b for n, b in module._buffers.items()
                                     if n not in module._non_persistent_buffers_set}
         frame.call_args = _snapshot((tuple(args), dict(kwargs)))  # the child may append to a list it was given
