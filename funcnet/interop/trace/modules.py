@@ -302,6 +302,11 @@ def _raised_in(error: Exception, filename: str) -> bool:
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(filename)
 
 
+def _listed(problems: list[str]) -> str:
+    """One problem on the same line (a one-line error); several, one per line."""
+    return f" {problems[0]}" if len(problems) == 1 else "\n  " + "\n  ".join(problems)
+
+
 def _internal(e: Exception) -> ConversionError:
     return ConversionError(f"convert: internal error ({type(e).__name__}: {e}). This is a funcnet bug: please "
                            f"report it with this message and the model's code")
@@ -317,7 +322,7 @@ def _convert(module, example_inputs, example_kwargs, train: bool, ties=None) -> 
         recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=False, train=train)
     model = _build(module, "", registry, problems, recording)
     if problems:
-        raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))
+        raise ConversionError("convert: cannot build a funcnet model:" + _listed(problems))
     if ties is not None:  # the params tree is checked against the first recording's (signature.specialise)
         return (_with_ties(model, ties) if ties else model), None, None
     params, state = from_torch_with_state(module)
