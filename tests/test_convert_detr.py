@@ -3,6 +3,9 @@ equal to torch on the input it was traced on and on one of another batch and ima
 embedding is a child called with ``dtype=pixel_values.dtype, device=pixel_values.device``: those
 constants must be recorded as the replay passes them, or the converted model refuses its own input."""
 
+import inspect
+import os
+
 import jax
 import numpy as np
 import pytest
@@ -47,3 +50,18 @@ def test_detr_matches_torch_on_the_input_it_was_traced_on(detr):
 
 def test_detr_matches_torch_on_another_batch_and_image_size(detr):
     _check(detr, torch.randn(2, 3, 48, 40, generator=torch.Generator().manual_seed(1)))
+
+
+def test_detr_train_mode_is_refused_in_one_line_at_transformers_own_line(detr):
+    from transformers.models.detr import modeling_detr
+
+    module, traced = detr[0], detr[1]
+    lines, start = inspect.getsourcelines(modeling_detr.DetrEncoderLayer.forward)
+    line = start + next(i for i, text in enumerate(lines) if "torch.isfinite" in text)
+    with pytest.raises(interop.ConversionError) as info:
+        interop.convert(module, traced)  # train=True records the training branch on the data
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert f"{os.path.abspath(modeling_detr.__file__)}:{line}" in message, message
+    assert "train=False" in message
+    assert not module.training  # the module is left in the mode it was given

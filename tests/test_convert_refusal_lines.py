@@ -50,3 +50,22 @@ def test_inside_a_torch_layer_it_names_the_layers_forward_not_the_convert_call()
     where = f"({os.path.abspath(inspect.getsourcefile(tnn.Fold))}:{_line_of(tnn.Fold.forward, 'F.fold(')})"
     assert where in message, message
     assert os.path.abspath(__file__) not in message
+
+
+class _TrainBranch(tnn.Module):
+    def forward(self, x):
+        if self.training and x.sum() > 0:  # a branch on data, in train mode alone
+            x = -x
+        return x * 2
+
+
+def test_a_problem_met_in_train_mode_alone_says_that_train_false_converts_inference():
+    with pytest.raises(ConversionError) as info:
+        interop.convert(_TrainBranch(), torch.ones(2, 3))
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert f"({os.path.abspath(__file__)}:{_line_of(_TrainBranch.forward, 'x.sum() > 0')})" in message, message
+    assert "train mode alone" in message and "train=False" in message, message
+    model, params, _ = interop.convert(_TrainBranch(), torch.ones(2, 3), train=False)
+    x = torch.randn(3, 3)
+    assert float(abs(model.apply(params, x.numpy(), train=False) - _TrainBranch().eval()(x).numpy()).max()) == 0

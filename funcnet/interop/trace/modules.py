@@ -200,6 +200,9 @@ def _is_walked_container(module) -> bool:
     return container is not None and type(module).forward is container.forward
 
 
+_TRAIN_ONLY = "; met in train mode alone: convert(module, x, train=False) converts the inference forward"
+
+
 def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
     from funcnet.interop import ops
     from funcnet.interop.trace.record import record
@@ -212,7 +215,9 @@ def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
         paths = grouped.setdefault((op, where, message), [])
         if path not in paths:
             paths.append(path)
+    in_eval = {entry[1:] for entry in recording.problems if "eval" in recording.modes.get(entry, {"eval"})}
     problems = [f"{', '.join(paths)}: {op + ': ' if op else ''}{message} ({where})"
+                + (_TRAIN_ONLY if train and (op, where, message) not in in_eval else "")
                 for (op, where, message), paths in grouped.items()]
     return recording, problems
 

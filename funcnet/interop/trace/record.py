@@ -34,6 +34,7 @@ class Recording:
     graphs: dict = dataclasses.field(default_factory=dict)  # id(module) -> {mode: [Graph, ...]}
     problems: list = dataclasses.field(default_factory=list)  # (path, op, where, message)
     names: dict = dataclasses.field(default_factory=dict)  # id(module) -> dotted path from the root
+    modes: dict = dataclasses.field(default_factory=dict)  # problem -> the modes it was met in
 
 
 class Recorder:
@@ -57,6 +58,7 @@ class Recorder:
         entry = (path, op, user_line(self.skip), message)
         if entry not in self.rec.problems:
             self.rec.problems.append(entry)
+        self.rec.modes.setdefault(entry, set()).add(self.mode)
 
     def note(self, value, args) -> None:
         """Remember the tensors of a torch call's output, computed here and never a constant; an
