@@ -69,3 +69,11 @@ def test_a_problem_met_in_train_mode_alone_says_that_train_false_converts_infere
     model, params, _ = interop.convert(_TrainBranch(), torch.ones(2, 3), train=False)
     x = torch.randn(3, 3)
     assert float(abs(model.apply(params, x.numpy(), train=False) - _TrainBranch().eval()(x).numpy()).max()) == 0
+
+
+def test_to_source_refuses_it_in_one_line_at_the_same_line():
+    with pytest.raises(ConversionError) as info:
+        interop.to_source(_Folds(), torch.randn(1, 8, 9))
+    message = str(info.value)
+    assert message.startswith("to_source:") and "\n" not in message, message
+    assert f"({os.path.abspath(__file__)}:{_line_of(_Folds.forward, 'fold(y')})" in message, message
