@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import os
 
+from funcnet.interop.trace.modules import _listed
 from funcnet.interop.trace.registry import ConversionError, _container_base, _match, _own_tensors, _registry
 from funcnet.interop.source.classes import ClassWriter
 from funcnet.interop.source.forward import Context
@@ -122,7 +123,7 @@ class _Writer:
     def _write(self) -> str:
         root_spec = self.spec(self.root, "")
         if self.problems:
-            raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(self.problems))
+            raise ConversionError("to_source: cannot write the model:" + _listed(self.problems))
         names = self.recording.names if self.recording is not None else {}
         classes = self.classes_writer = ClassWriter(self.specs, self.classes, self.order, WIDTH, names)
         ties = _ties(self.root)
@@ -221,7 +222,7 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
     registry = _registry()
     problems = _name_clashes(module, registry)
     if problems:
-        raise ConversionError("to_source: cannot write the model:\n  " + "\n  ".join(problems))
+        raise ConversionError("to_source: cannot write the model:" + _listed(problems))
     try:
         recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=True)
     except ConversionError:
@@ -237,7 +238,7 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
         except Exception as e:
             raise ConversionError(f"to_source: building the model failed: {type(e).__name__}: {e}. {_BUG}") from e
     if problems:
-        raise ConversionError("to_source: cannot convert the model:\n  " + "\n  ".join(problems))
+        raise ConversionError("to_source: cannot convert the model:" + _listed(problems))
     source = _Writer(module, recording, registry).write()
     free = _free_axes(module, example_inputs, example_kwargs, registry, recording)
     return source if free is None else _guarded(source, module, example_inputs, example_kwargs, free)

@@ -48,6 +48,7 @@ def _compiling() -> bool:
 def _raised(recorder, mode: str, error: Exception) -> Exception:
     """The ``ConversionError`` for an exception raised while the forward ran: the model's own (its
     module path, mode and line, and what to do), or the recorder's (a funcnet bug, to report)."""
+    from funcnet.interop.trace.frame import is_model_code
     from funcnet.interop.trace.registry import ConversionError
 
     if isinstance(error, ConversionError):
@@ -58,7 +59,7 @@ def _raised(recorder, mode: str, error: Exception) -> Exception:
     while tb is not None:
         name = os.path.abspath(tb.tb_frame.f_code.co_filename)
         innermost = name
-        if not name.startswith(recorder.skip) and "<frozen" not in name:
+        if is_model_code(name, recorder.skip):
             user = f"{name}:{tb.tb_lineno}"
         tb = tb.tb_next
     what = f"{type(error).__name__}: {error}"

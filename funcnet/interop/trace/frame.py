@@ -17,14 +17,41 @@ from funcnet.interop.weights.state_dict import _to_numpy
 
 
 def user_line(skip_dirs: tuple[str, ...]) -> str:
-    """``file:line`` of the innermost frame outside torch and funcnet (the user's code)."""
+    """``file:line`` of the innermost frame that is the model's code: outside funcnet and torch's
+    dispatch machinery. A torch layer's own forward (torch/nn/modules/*.py but its ``Module``
+    plumbing) is model code: an op ``nn.TransformerDecoderLayer`` calls is told at its line there,
+    not at the line that called ``convert``."""
     frame = sys._getframe(1)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(skip_dirs) and "<frozen" not in name:
+        if is_model_code(name, skip_dirs):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+_TORCH_LAYERS = os.sep + os.path.join("torch", "nn", "modules") + os.sep
+_TORCH_PLUMBING = ("module.py", "container.py", "lazy.py", "_functions.py")
+
+
+def is_model_code(name: str, skip_dirs: tuple[str, ...]) -> bool:
+    """Whether the source file ``name`` (absolute) is a model's code, where a location is told:
+    not funcnet's or torch's (``skip_dirs``) nor frozen, except torch's layers' forwards."""
+    if "<frozen" in name:
+        return False
+    if not name.startswith(skip_dirs):
+        return True
+    return _TORCH_LAYERS in name and os.path.basename(name) not in _TORCH_PLUMBING
+
+
+def as_replayed(value):
+    """A constant argument as the replay passes it: a torch dtype as JAX's, a device (layout,
+    memory format) as None, as ``Frame.arg`` records them in the caller's graph; so a child called
+    with ``dtype=x.dtype, device=x.device`` is matched to its recording when the model runs."""
+    kind = type(value)
+    if kind.__module__ == "torch" and kind.__name__ in ("dtype", "device", "memory_format", "layout"):
+        return jnp.dtype(str(value).replace("torch.", "")) if kind.__name__ == "dtype" else None
+    return value
 
 
 def flatten_args(value, path=()):

@@ -200,6 +200,9 @@ def _is_walked_container(module) -> bool:
     return container is not None and type(module).forward is container.forward
 
 
+_TRAIN_ONLY = "; met in train mode alone: convert(module, x, train=False) converts the inference forward"
+
+
 def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
     from funcnet.interop import ops
     from funcnet.interop.trace.record import record
@@ -212,7 +215,9 @@ def _trace(module, args, kwargs, registry, *, names: bool, train: bool = True):
         paths = grouped.setdefault((op, where, message), [])
         if path not in paths:
             paths.append(path)
+    in_eval = {entry[1:] for entry in recording.problems if "eval" in recording.modes.get(entry, {"eval"})}
     problems = [f"{', '.join(paths)}: {op + ': ' if op else ''}{message} ({where})"
+                + (_TRAIN_ONLY if train and (op, where, message) not in in_eval else "")
                 for (op, where, message), paths in grouped.items()]
     return recording, problems
 
@@ -302,6 +307,11 @@ def _raised_in(error: Exception, filename: str) -> bool:
     return tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(filename)
 
 
+def _listed(problems: list[str]) -> str:
+    """One problem on the same line (a one-line error); several, one per line."""
+    return f" {problems[0]}" if len(problems) == 1 else "\n  " + "\n  ".join(problems)
+
+
 def _internal(e: Exception) -> ConversionError:
     return ConversionError(f"convert: internal error ({type(e).__name__}: {e}). This is a funcnet bug: please "
                            f"report it with this message and the model's code")
@@ -317,7 +327,7 @@ def _convert(module, example_inputs, example_kwargs, train: bool, ties=None) -> 
         recording, problems = _trace(module, example_inputs, example_kwargs, registry, names=False, train=train)
     model = _build(module, "", registry, problems, recording)
     if problems:
-        raise ConversionError("convert: cannot build a funcnet model:\n  " + "\n  ".join(problems))
+        raise ConversionError("convert: cannot build a funcnet model:" + _listed(problems))
     if ties is not None:  # the params tree is checked against the first recording's (signature.specialise)
         return (_with_ties(model, ties) if ties else model), None, None
     params, state = from_torch_with_state(module)

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.trace.frame import Dim, Frame, flatten_args, user_line
+from funcnet.interop.trace.frame import Dim, Frame, as_replayed, flatten_args, user_line
 from funcnet.interop.trace.graph import Graph, Node, Ref, structure
 from funcnet.interop.trace.env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
 from funcnet.interop.trace.vmap import recording_vmap
@@ -34,6 +34,7 @@ class Recording:
     graphs: dict = dataclasses.field(default_factory=dict)  # id(module) -> {mode: [Graph, ...]}
     problems: list = dataclasses.field(default_factory=list)  # (path, op, where, message)
     names: dict = dataclasses.field(default_factory=dict)  # id(module) -> dotted path from the root
+    modes: dict = dataclasses.field(default_factory=dict)  # problem -> the modes it was met in
 
 
 class Recorder:
@@ -57,6 +58,7 @@ class Recorder:
         entry = (path, op, user_line(self.skip), message)
         if entry not in self.rec.problems:
             self.rec.problems.append(entry)
+        self.rec.modes.setdefault(entry, set()).add(self.mode)
 
     def note(self, value, args) -> None:
         """Remember the tensors of a torch call's output, computed here and never a constant; an
@@ -107,7 +109,7 @@ class Recorder:
                             frame.inputs[(name, path)] = ref.node
                             frame.known[id(leaf)] = (leaf, ref)
                         else:
-                            frame.constants[(name, path)] = leaf
+                            frame.constants[(name, path)] = as_replayed(leaf)
             frame.buffers_before = {n: b for n, b in module._buffers.items()
                                     if n not in module._non_persistent_buffers_set}
         frame.call_args = _snapshot((tuple(args), dict(kwargs)))  # the child may append to a list it was given

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from funcnet.interop.trace.frame import as_replayed
 from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
 from funcnet.interop.trace.vmap import replay_vmap
 
@@ -56,7 +57,7 @@ def select(graphs: list[Graph], name: str, args: tuple, kwargs: dict):
             value = bound.arguments.get(arg, _MISSING)
             for p in path:
                 value = value[p] if value is not _MISSING else value
-            got[(arg, path)] = value
+            got[(arg, path)] = as_replayed(value)  # dtype=torch.float32 given by the caller
         if all(_same(got[k], v) for k, v in g.constants.items()) and _has_inputs(g, bound):
             return g, bound
         seen.append({".".join(map(str, (a, *p))): v for (a, p), v in g.constants.items()})
