@@ -55,13 +55,18 @@ def _raised(recorder, mode: str, error: Exception) -> Exception:
         return error
     frame = recorder.stack[-1] if recorder.stack else None
     path = (recorder.rec.names.get(id(frame.module), "?") or "<root>") if frame is not None else "<root>"
-    tb, innermost, user = error.__traceback__, None, "?"
+    # the innermost line of the model's own code (the line that called the torch layer that raised);
+    # a torch layer's forward only when the model has no code of its own there (a torch layer at the root)
+    tb, innermost, user, layer = error.__traceback__, None, None, "?"
     while tb is not None:
         name = os.path.abspath(tb.tb_frame.f_code.co_filename)
         innermost = name
-        if is_model_code(name, recorder.skip):
+        if not name.startswith(recorder.skip) and is_model_code(name, recorder.skip):
             user = f"{name}:{tb.tb_lineno}"
+        elif is_model_code(name, recorder.skip):
+            layer = f"{name}:{tb.tb_lineno}"
         tb = tb.tb_next
+    user = user or layer
     what = f"{type(error).__name__}: {error}"
     if innermost is not None and innermost.startswith(_FUNCNET_DIR) and not getattr(error, "funcnet_torch", False):
         return ConversionError(f"convert: internal error while tracing {path} in {mode} mode ({user}): {what}. This "
