@@ -323,12 +323,15 @@ def _check_tp(args) -> None:
 _PIPE_FLAGS = ("stages", "schedule", "microbatches")
 
 
+def _given(args, names) -> list[str]:  # the flags among names (argparse destinations) that the user set
+    return [f"--{k.replace('_', '-')}" for k in names if getattr(args, k) is not None]
+
+
 def _check_pipe(args) -> None:
     """--parallel pipe (and its --stages, --schedule, --microbatches) for a model the pipeline can
     split: the MLP's Linear layers evenly, the GPT's blocks; refused here, before anything compiles."""
     if args.parallel != "pipe":
-        given = [f"--{k}" for k in _PIPE_FLAGS if getattr(args, k) is not None]
-        if given:
+        if given := _given(args, _PIPE_FLAGS):
             raise UsageError(f"{', '.join(given)} set the pipeline of --parallel pipe; add --parallel pipe "
                              f"--devices N or leave {'them' if len(given) > 1 else 'it'} out")
         return
@@ -395,8 +398,7 @@ def _check_model_flags(args) -> None:
         raise UsageError(f"--model {args.model} does not train on --dataset {args.dataset}: --model gpt and --model "
                          f"lstm read --dataset text and the other models read digits, mnist or synthetic")
     if args.model == "lstm":
-        given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS
-                 if k not in _LSTM_FLAGS and getattr(args, k) is not None]
+        given = _given(args, [k for k in _GPT_FLAGS if k not in _LSTM_FLAGS])
         if given:
             raise UsageError(f"{', '.join(given)} set the GPT; --model lstm has no such setting: leave "
                              f"{'them' if len(given) > 1 else 'it'} out or pass --model gpt")
@@ -405,7 +407,7 @@ def _check_model_flags(args) -> None:
                 setattr(args, k, default)
         return
     if args.model != "gpt":
-        given = [f"--{k.replace('_', '-')}" for k in _GPT_FLAGS if getattr(args, k) is not None]
+        given = _given(args, _GPT_FLAGS)
         if given:
             raise UsageError(f"{', '.join(given)} set the GPT; --model {args.model} has no such setting: "
                              f"leave {'them' if len(given) > 1 else 'it'} out or pass --model gpt")

@@ -45,6 +45,13 @@ __all__ = ["AXES", "mesh", "to_pipeline", "from_pipeline", "pipe_parallel"]
 AXES = ("data", "fsdp", "model", "pipe")
 
 
+def _updated(tx, state, loss, grads, shardings):
+    """One optimizer step of a pipelined train state from its loss and gradients, kept in its shardings."""
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state, step=state.step + 1)
+    return jax.lax.with_sharding_constraint(new, shardings), {"loss": loss}
+
+
 def mesh(data: int = 1, fsdp: int = 1, model: int = 1, pipe: int = 1, devices=None) -> Mesh:
     """A ``(data, fsdp, model, pipe)`` mesh of the first ``data * fsdp * model * pipe`` devices;
     neighbouring devices share a ``pipe`` stage's ``model`` group last-axis first (as
@@ -159,11 +166,7 @@ def pipe_parallel(model, tx, loss_fn, strategy, devices, state_shapes, step_opti
     replicated = NamedSharding(m, P())
 
     def raw(state, batch):
-        loss, grads = vg(*state.params, *batch)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-                             step=state.step + 1)
-        return jax.lax.with_sharding_constraint(new, shardings), {"loss": loss}
+        return _updated(tx, state, *vg(*state.params, *batch), shardings)
 
     step = jax.jit(raw, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated),
                    donate_argnums=(0,))
@@ -234,11 +237,7 @@ def _pipe_any(model, tx, loss_fn, strategy, n: int, state_shapes, step_options, 
 
     def raw(state, batch):
         key = jax.random.fold_in(jax.random.fold_in(state.key, 1), state.step)  # make_step's dropout key
-        loss, grads = vg(state.params, *batch, key)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        new = state._replace(params=optax.apply_updates(state.params, updates), opt_state=opt_state,
-                             step=state.step + 1)
-        return jax.lax.with_sharding_constraint(new, shardings), {"loss": loss}
+        return _updated(tx, state, *vg(state.params, *batch, key), shardings)
 
     step = jax.jit(raw, in_shardings=(shardings, replicated), out_shardings=(shardings, replicated),
                    donate_argnums=(0,))
