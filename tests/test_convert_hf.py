@@ -39,10 +39,23 @@ def _bloom():
         pad_token_id=None, initializer_range=0.5))
 
 
-@pytest.fixture(scope="module", params=["llama", "bloom", pytest.param("gpt2", marks=pytest.mark.slow)])
+def _mamba():
+    # the slow path (use_associative_scan=False, no kernels): a Python loop over the positions
+    module = transformers.MambaForCausalLM(transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=3,
+        use_associative_scan=False, bos_token_id=None, eos_token_id=None, pad_token_id=None))
+    with torch.no_grad():  # its initialisation is its own (A_log, dt): the projections drawn wider instead
+        for name, p in module.named_parameters():
+            if name.endswith("proj.weight"):
+                p.normal_(0, 0.5)
+    return module
+
+
+@pytest.fixture(scope="module", params=["llama", "bloom", pytest.param("mamba", marks=pytest.mark.slow),
+                                               pytest.param("gpt2", marks=pytest.mark.slow)])
 def saved(request, tmp_path_factory):
     torch.manual_seed(0)
-    module = {"llama": _llama, "gpt2": _gpt2, "bloom": _bloom}[request.param]()
+    module = {"llama": _llama, "gpt2": _gpt2, "bloom": _bloom, "mamba": _mamba}[request.param]()
     folder = tmp_path_factory.mktemp(request.param)
     module.save_pretrained(folder)
     model, params, state, torch_model = interop.from_pretrained(folder)
@@ -72,26 +85,30 @@ def test_greedy_generation_of_20_tokens_equals_torch_generate(saved):
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
-@pytest.fixture(scope="module")
-def ported(tmp_path_factory):
-    """`funcnet port --hf` on a saved Llama: the torch model, and the written module with the written weights."""
+def _port(module, folder):
+    """`funcnet port --hf` on ``module`` saved in ``folder``: the written module, built, and the written weights."""
     import safetensors.torch
 
     import funcnet
     from funcnet.cli import main
 
-    torch.manual_seed(0)
-    module = _llama().eval()
-    folder = tmp_path_factory.mktemp("llama_port")
     module.save_pretrained(folder / "checkpoint")
-    out, weights = folder / "llama.py", folder / "llama.safetensors"
+    out, weights = folder / "port.py", folder / "port.safetensors"
     assert main(["port", "--hf", str(folder / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
     scope: dict = {}
-    exec(compile(out.read_text(), str(out), "exec"), scope)
-    model = scope["LlamaForCausalLM"]()
+    exec(compile(out.read_text(), str(out), "exec"), scope)  # noqa: S102 (the written module)
+    model = scope[type(module).__name__]()
     params = funcnet.load_state_dict(jax.eval_shape(model.init, jax.random.key(0)),
                                      safetensors.torch.load_file(weights))
-    return module, model, params
+    return model, params
+
+
+@pytest.fixture(scope="module")
+def ported(tmp_path_factory):
+    """`funcnet port --hf` on a saved Llama: the torch model, and the written module with the written weights."""
+    torch.manual_seed(0)
+    module = _llama().eval()
+    return module, *_port(module, tmp_path_factory.mktemp("llama_port"))
 
 
 def test_port_hf_writes_a_module_and_weights_that_match_torch_on_a_fresh_input(ported):
@@ -117,23 +134,16 @@ def test_port_hf_greedy_generation_of_20_tokens_equals_torch_generate(ported):
     np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
-def test_port_hf_of_bloom_generates_torchs_20_greedy_tokens(tmp_path):
-    # Bloom's attention calls torch.baddbmm(alibi, batch1=q, batch2=k): the port once wrote a call that raised
-    import safetensors.torch
-
-    import funcnet
-    from funcnet.cli import main
-
+# Mamba slow (5-7 s each, the unrolled loop compiled at 25 positions): tests/test_convert_shapes.py checks its port
+# is written with the loop and equals torch at other lengths by default
+@pytest.mark.parametrize("make", [_bloom, pytest.param(_mamba, marks=pytest.mark.slow)], ids=["bloom", "mamba"])
+def test_port_hf_generates_torchs_20_greedy_tokens(make, tmp_path):
+    # Bloom's attention calls torch.baddbmm(alibi, batch1=q, batch2=k): the port once wrote a call that raised.
+    # Mamba's slow path loops over positions (`for i in range(seq_len)`): the port once unrolled it at the
+    # example's length and refused every other, so generation (which grows the length) could not run
     torch.manual_seed(0)
-    module = _bloom().eval()
-    module.save_pretrained(tmp_path / "checkpoint")
-    out, weights = tmp_path / "bloom.py", tmp_path / "bloom.safetensors"
-    assert main(["port", "--hf", str(tmp_path / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
-    scope: dict = {}
-    exec(compile(out.read_text(), str(out), "exec"), scope)  # noqa: S102 (the written module)
-    model = scope["BloomForCausalLM"]()
-    params = funcnet.load_state_dict(jax.eval_shape(model.init, jax.random.key(0)),
-                                     safetensors.torch.load_file(weights))
+    module = make().eval()
+    model, params = _port(module, tmp_path)
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         want = module.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=20,

@@ -76,14 +76,49 @@ def test_gradients_at_a_new_length_equal_torch():
         assert np.abs(got - want).max() <= 1e-12 * max(1.0, np.abs(want).max()), name
 
 
-def test_a_to_source_port_of_the_loop_refuses_another_length_in_one_line_and_takes_another_batch():
+def _exec(source, name):
+    scope: dict = {}
+    exec(compile(source, f"<port of {name}>", "exec"), scope)  # noqa: S102 (the written module)
+    return scope[name]()
+
+
+def test_a_to_source_port_writes_the_loop_over_positions_as_a_loop_and_equals_torch_at_three_lengths():
     module, _, _ = _decay()
     with jax.enable_x64(True):
         source = interop.to_source(module, _x(2, 5, 0))
-        assert "@shape_guard('x: float64[*,5,*]', names=('x',))\ndef Decay():" in source, source
-        scope: dict = {}
-        exec(compile(source, "<port of Decay>", "exec"), scope)
-        model = scope["Decay"]()
+        assert "shape_guard" not in source and "for i in range(x.shape[1]):" in source, source
+        model = _exec(source, "Decay")
+        params = interop.from_torch(module)
+        forward = jax.jit(model.apply)
+        for batch, length in ((3, 3), (2, 5), (1, 9)):  # the traced length 5 among them
+            x = _x(batch, length, length)
+            got = np.asarray(forward(params, jnp.asarray(x.numpy())))
+            want = module(x).detach().numpy()
+            assert got.shape == want.shape
+            assert np.abs(got - want).max() <= 64 * EPS64 * max(1.0, np.abs(want).max()), (length, got - want)
+
+
+class Last(torch.nn.Module):
+    """The running sum's last value alone: no list of the steps' values, so the port cannot write the loop again."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        acc = torch.zeros_like(x[:, 0])
+        for i in range(x.shape[1]):
+            acc = 0.5 * acc + self.lin(x[:, i])
+        return acc
+
+
+def test_a_to_source_port_of_a_loop_it_cannot_write_refuses_another_length_in_one_line_and_takes_another_batch():
+    torch.manual_seed(0)
+    module = Last().double()
+    with jax.enable_x64(True):
+        source = interop.to_source(module, _x(2, 5, 0))
+        assert "@shape_guard('x: float64[*,5,*]', names=('x',))\ndef Last():" in source, source
+        model = _exec(source, "Last")
         params = interop.from_torch(module)
         x = _x(3, 5, 4)  # another batch size: the batch axis was shown generic
         got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
@@ -92,7 +127,7 @@ def test_a_to_source_port_of_the_loop_refuses_another_length_in_one_line_and_tak
             model.apply(params, jnp.ones((2, 7, 4)))
     message = str(err.value)
     assert "\n" not in message
-    assert message.startswith("Decay: this port was written at input signature (x: float64[*,5,*])")
+    assert message.startswith("Last: this port was written at input signature (x: float64[*,5,*])")
     assert "called with (x: float64[2,7,4])" in message and "interop.convert(module, x)" in message
 
 
@@ -144,15 +179,15 @@ def _seq2seq(config, cls):
     return cls(cfg), inputs
 
 
-def _mamba_config():
+def _mamba_config(layers=2):
     # use_associative_scan=False: the slow path's `for i in range(seq_len)` loop over positions
-    return transformers.MambaConfig(vocab_size=VOCAB, hidden_size=8, state_size=4, num_hidden_layers=2, expand=2,
+    return transformers.MambaConfig(vocab_size=VOCAB, hidden_size=8, state_size=4, num_hidden_layers=layers, expand=2,
                                     conv_kernel=3, use_cache=False, use_associative_scan=False, bos_token_id=None,
                                     eos_token_id=None, pad_token_id=None)
 
 
-def _mamba():
-    module = transformers.MambaForCausalLM(_mamba_config())
+def _mamba(layers=2):
+    module = transformers.MambaForCausalLM(_mamba_config(layers))
     with torch.no_grad():  # projections drawn wider than the default: greedy decoding then varies its tokens
         for name, p in module.named_parameters():
             if name.endswith("proj.weight"):
@@ -189,39 +224,25 @@ def test_transformers_model_equals_torch_at_three_lengths(name):
     assert len(model.signatures) == 3
 
 
-@pytest.mark.slow
-def test_mamba_generates_torchs_greedy_tokens_and_its_port_refuses_another_length(tmp_path):
-    import safetensors.torch
-
-    import funcnet
-    from funcnet.cli import main
-
+def test_a_mamba_port_writes_its_position_loop_and_equals_torch_at_other_lengths():
+    # the slow path's `for i in range(seq_len)` written as a loop: no guard, so generation (which grows the
+    # length) runs on the port; generating 20 tokens through `funcnet port --hf` and from_pretrained is
+    # tests/test_convert_hf.py's slow run
     torch.manual_seed(0)
-    module = _mamba().eval()
-    module.save_pretrained(tmp_path / "checkpoint")
-    prompt = _ids(2, 5, 7)
+    module = _mamba(layers=1).eval()  # one layer: the written loop is what is checked, and it compiles per length
+    ids = _ids(2, 6, 0)
+    source = interop.to_source(module, input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert "shape_guard" not in source and "for i in range(seq_len):" in source, source
+    model = _exec(source, "MambaForCausalLM")
+    ids = _ids(3, 9, 9)  # another batch size and length than the traced (2, 6)
+    mask = torch.ones_like(ids)
+    mask[1, -3:] = 0
     with torch.no_grad():
-        want = module.generate(prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20)
-    model, params, state, _ = interop.from_pretrained(tmp_path / "checkpoint")
-    got = interop.generate_greedy(model, params, jnp.asarray(prompt.numpy()), 20, state=state)
-    assert want.shape == (2, 25) and all(len(np.unique(row)) > 3 for row in want[:, 5:].numpy())  # varied
-    np.testing.assert_array_equal(np.asarray(got), want.numpy())
-    # the port is written at the example (2, 8): the position loop is unrolled there, so it is guarded
-    out, weights = tmp_path / "mamba.py", tmp_path / "mamba.safetensors"
-    assert main(["port", "--hf", str(tmp_path / "checkpoint"), "--out", str(out), "--weights", str(weights)]) == 0
-    scope: dict = {}
-    exec(compile(out.read_text(), str(out), "exec"), scope)
-    ported = scope["MambaForCausalLM"]()
-    ported_params = funcnet.load_state_dict(jax.eval_shape(ported.init, jax.random.key(0)),
-                                            safetensors.torch.load_file(weights))
-    ids = _ids(2, 8, 3)
-    with torch.no_grad():
-        logits = module(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.numpy()
-    same = ported.apply(ported_params, input_ids=jnp.asarray(ids.numpy()), attention_mask=jnp.ones((2, 8), jnp.int32))
-    assert np.abs(np.asarray(same["logits"]) - logits).max() <= 1e-5
-    with pytest.raises(ValueError, match=r"^MambaForCausalLM: this port was written at input signature \(input_ids: "
-                                         r"int32\[\*,8\]"):
-        ported.apply(ported_params, input_ids=jnp.ones((2, 9), jnp.int32), attention_mask=jnp.ones((2, 9), jnp.int32))
+        want = module(input_ids=ids, attention_mask=mask).logits.numpy()
+    forward = jax.jit(lambda p, i, m: model.apply(p, input_ids=i, attention_mask=m)["logits"])  # one compile
+    got = forward(interop.from_torch(module), jnp.asarray(ids.numpy()), jnp.asarray(mask.numpy()))
+    # float32 through one tiny layer (a 9-step scan of width 16 x 4); projections of scale 0.5: logits of size ~10
+    assert np.abs(np.asarray(got) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
 
 def test_a_recording_whose_parameters_differ_from_the_traced_ones_is_refused_in_one_line():

@@ -26,6 +26,7 @@ from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
 from funcnet.interop.source.text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
                                          is_name, literal, own_expr)
 from funcnet.interop.trace.vmap import vmap_call, vmap_def
+from funcnet.interop.source.loops import reroll
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 # names the generated module uses itself, and names ruff refuses (E741)
@@ -65,6 +66,7 @@ class _Body:
     """The statements of one recorded graph."""
 
     def __init__(self, graph: Graph, ctx: Context):
+        graph = reroll(graph)
         self.g, self.ctx, self.nodes = graph, ctx, graph.nodes
         self.arg_paths: dict = {}
         for arg, path in list(graph.inputs) + list(graph.constants):
@@ -203,6 +205,9 @@ class _Body:
             fn = self._placeholder(("vmap", n), "vmapped")
             lines, self.vmapped[n] = vmap_def(node, self.g.names, RESERVED, fn, lambda g: graph_body(g, self.ctx))
             self.stmts.append((lines, [fn]))
+        if node.kind == "loop":
+            self._rolled(n)
+            return
         names = self.g.names
         paths = self.uses.get(n, [])
         if n in self.loops:
@@ -257,6 +262,49 @@ class _Body:
             return
         p = self._placeholder((n, ()), self._gen_name(n))
         self.stmts.append(([f"{p} = {text}"], [p]))
+
+    def _rolled(self, n: int) -> None:
+        """A rerolled loop (funcnet/interop/source/loops.py): ``def step(i, carry, ...)`` with its
+        body, then ``for i in range(size): carry, out = step(i, carry, ...); outs.append(out)``."""
+        node, loop = self.nodes[n], self.nodes[n].target
+        args = self.args[n]
+        count, inits, outer = args[0], args[1:1 + loop.carries], args[1 + loop.carries:]
+        body = loop.body
+        renamed, params = {}, []
+        for key, m in body.inputs.items():
+            ref = Ref(m)
+            if key[0] == "index":
+                want = "i"
+            elif key[0].startswith("carry"):
+                want = body.names.get(ref) or "carry"
+            else:
+                want = self.g.names.get(outer[int(key[0][len("outer"):])]) or "value"
+            name, k = want, 1
+            while name in params or name in RESERVED:
+                k += 1
+                name = f"{want}_{k}"
+            params.append(name)
+            renamed[key] = (name, ())
+        graph = dataclasses.replace(
+            body, inputs={renamed[key]: m for key, m in body.inputs.items()},
+            nodes=[dataclasses.replace(m, target=renamed[m.target]) if m.kind == "input" else m for m in body.nodes],
+            names={r: v for r, v in body.names.items() if body.nodes[r.node].kind != "input"})
+        fn = self._placeholder(("loop", n), "step")
+        lines = [f"def {fn}({', '.join(params)}):"] + ["    " + line for stmt in graph_body(graph, self.ctx)
+                                                       for line in stmt]
+        self.stmts.append((lines, [fn]))
+        carries = []
+        for j, init in enumerate(inits):
+            p = self._placeholder((n, (j,)), self.g.names.get(Ref(n, (j,))) or params[1 + j])
+            self.stmts.append(([f"{p} = {self.expr(init)}"], [p]))
+            carries.append(p)
+        steps = self._placeholder((n, (loop.carries,)), self.g.names.get(Ref(n, (loop.carries,))) or "steps")
+        i = self._placeholder(("loop index", n), "i")
+        out = self._placeholder(("loop out", n), "out")
+        call = ", ".join([i, *carries, *(self.expr(v) for v in outer)])
+        self.stmts.append(([f"{steps} = []", f"for {i} in range({self.expr(count)}):",
+                            f"    {', '.join([*carries, out])} = {fn}({call})", f"    {steps}.append({out})"],
+                           [steps, i, out, *carries]))
 
     def _pref(self, key) -> str | None:
         """The user's name for the value ``Ref(*key)``, or the buffer it becomes (``running_mean``)."""

@@ -268,8 +268,11 @@ def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple 
 
 
 def _keys(recording) -> dict:
-    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone)."""
-    return {k: [g.key() for g in by_mode.get("eval", [])] for k, by_mode in recording.graphs.items()}
+    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone), as
+    written: a loop over a size rerolled (funcnet/interop/source/loops.py), so one more step is the same program."""
+    from funcnet.interop.source.loops import reroll
+
+    return {k: [reroll(g).key() for g in by_mode.get("eval", [])] for k, by_mode in recording.graphs.items()}
 
 
 def _leaves(tree):

@@ -86,7 +86,7 @@ class Dim(int):
         if not frame.active or (isinstance(other, Dim) and other.frame is not frame):
             return value
         a, b = (other, self) if reverse else (self, other)
-        ref = frame.add(Node("dim", name, (frame.arg(a), frame.arg(b))))
+        ref = frame.add(Node("dim", name, (frame.arg(a), frame.arg(b)), value=value))
         return Dim(value, ref, frame) if isinstance(value, int) else value
 
     def __add__(self, o): return self._op(o, operator.add, "add") if isinstance(o, int) else NotImplemented

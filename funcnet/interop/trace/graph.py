@@ -49,6 +49,9 @@ class Node:
     where: str = ""  # the user's source file:line
     name: str | None = None  # the variable the user's code bound it to, where known
     structure: Any = None  # the output's nesting: None for a leaf, a tuple of these for a tuple or list
+    # a size's value at the traced shapes (an int, or a tuple of them for ``x.shape``): not part of the program
+    # (``key``), read by ``to_source`` to tell which size a loop of that many steps ran over
+    value: Any = dataclasses.field(default=None, compare=False)
 
     def key(self) -> tuple:
         """What the node computes, for comparing two recordings (not its name or line)."""

@@ -236,6 +236,7 @@ class Recorder:
     def _sizes(self, frame, name, out, ref):
         if name in ("Tensor.size", "Tensor.shape", "Tensor.__len__", "Tensor.dim", "Tensor.ndim", "Tensor.numel",
                     "Tensor.ndimension", "Tensor.nelement"):
+            frame.nodes[ref.node].value = int(out) if isinstance(out, int) else tuple(int(v) for v in out)
             if isinstance(out, int):
                 out = Dim(out, ref, frame)
             else:
