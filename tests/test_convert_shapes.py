@@ -151,6 +151,24 @@ def test_a_forward_whose_sizes_stay_sizes_is_written_shape_generic():
     assert np.abs(got - module(x).detach().numpy()).max() <= 1e-5  # float32, 8 terms of size ~1
 
 
+def test_a_torch_layer_with_no_counterpart_converts_by_its_traced_forward_and_equals_torch_at_another_length():
+    # nn.TransformerDecoderLayer has no row in the converter's table: its forward is traced as a model's is;
+    # reading its tensors once went through from_torch's refusal of such layers, said as an "internal error"
+    torch.manual_seed(0)
+    module = torch.nn.TransformerDecoderLayer(d_model=8, nhead=2, dim_feedforward=16).eval()
+    model, params, _ = interop.convert(module, torch.randn(5, 2, 8), torch.randn(4, 2, 8), train=False)
+    forward = jax.jit(model.apply)
+    for tgt, memory, batch in ((5, 4, 2), (7, 3, 3)):  # the traced shapes and others
+        x, y = torch.randn(tgt, batch, 8), torch.randn(memory, batch, 8)
+        with torch.no_grad():
+            want = module(x, y).numpy()
+        got = np.asarray(forward(params, jnp.asarray(x.numpy()), jnp.asarray(y.numpy())))
+        # float32 through two attentions and a 16-wide feed-forward, layer-normed: values of size ~1
+        assert np.abs(got - want).max() <= 1e-5, (tgt, memory, np.abs(got - want).max())
+    with pytest.raises(TypeError, match=r"no counterpart for <root> \(TransformerDecoderLayer"):
+        interop.from_torch(module)  # from_torch, which builds nothing, still refuses it
+
+
 # ---- transformers: built from tiny configs, no download
 
 transformers = pytest.importorskip("transformers")

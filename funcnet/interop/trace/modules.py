@@ -25,7 +25,7 @@ from funcnet.interop.trace.registry import (
     _Row,
 )
 from funcnet.interop.weights import state_dict as _weights
-from funcnet.interop.weights.state_dict import _to_jax, from_torch_with_state
+from funcnet.interop.weights.state_dict import _to_jax
 from funcnet.nn.module import Module, Tied
 from funcnet.state import state_dict as _state_dict
 from funcnet.state import tied_keys
@@ -330,7 +330,9 @@ def _convert(module, example_inputs, example_kwargs, train: bool, ties=None) -> 
         raise ConversionError("convert: cannot build a funcnet model:" + _listed(problems))
     if ties is not None:  # the params tree is checked against the first recording's (signature.specialise)
         return (_with_ties(model, ties) if ties else model), None, None
-    params, state = from_torch_with_state(module)
+    # every module was built from the registry or its traced forward (a torch.nn layer with no counterpart in
+    # funcnet.nn too, as nn.TransformerDecoderLayer): its tensors are read without from_torch's refusal of those
+    params, state = _weights._variables(module, None, "convert", check=False)
     ties = tied_keys(params)
     # the built model must have exactly torch's keys and shapes (a subclass may add tensors)
     want = {k: tuple(v.shape) for k, v in _state_dict(*jax.eval_shape(

@@ -67,12 +67,15 @@ def _shares_memory_key(tensor):
             tuple(tensor.stride()), tensor.dtype)
 
 
-def _split(source, buffers: Iterable[str] | None, where: str):
-    """``(sd, buffer keys, ties {tied key: first key})`` of a module or a state_dict mapping."""
+def _split(source, buffers: Iterable[str] | None, where: str, check: bool = True):
+    """``(sd, buffer keys, ties {tied key: first key})`` of a module or a state_dict mapping
+    (``check``: refuse a torch.nn layer funcnet.nn has no counterpart for; ``convert`` builds
+    those by tracing their forward, so it reads their tensors without the check)."""
     if hasattr(source, "state_dict") and hasattr(source, "named_parameters"):
         if buffers is not None:
             raise TypeError(f"{where}: buffers= is for a state_dict mapping; a module knows its buffers")
-        _check_module(source)
+        if check:
+            _check_module(source)
         sd = source.state_dict()
         first: dict[int, str] = {}
         ties = {}
@@ -133,8 +136,8 @@ def _nest(items: Iterable[tuple[str, Any]], where: str) -> dict:
     return tree
 
 
-def _variables(source, buffers, where):
-    sd, buffer_keys, ties = _split(source, buffers, where)
+def _variables(source, buffers, where, check: bool = True):
+    sd, buffer_keys, ties = _split(source, buffers, where, check)
     buffer_keys = set(buffer_keys)
     params = _nest(((k, Tied(ties[k], len(k.split("."))) if k in ties else _to_jax(k, t))
                     for k, t in sd.items() if k not in buffer_keys), where)
