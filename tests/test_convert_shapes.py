@@ -1,9 +1,10 @@
 """A converted model is specialised per input signature, as jax.jit is: a size read while tracing
 (``range(x.shape[1])``, a positional table cut to the traced length) makes the recording a program for
-that shape alone, so a call of another signature records the torch module again, and a ``to_source``
-port that cannot record again refuses another signature in one line. Compared with torch in float64
-at three lengths (one of them the traced one) for a 7-line loop module and transformers' Funnel (and in
-the slow run Pegasus, Marian, Mamba's slow path and its greedy generation, and `funcnet port --hf`)."""
+that shape alone, so a call of another signature records the torch module again. A ``to_source`` port,
+which cannot record again, writes such a loop as a loop again where it can (the 7-line loop module,
+Mamba's scan) and otherwise refuses another signature in one line. Compared with torch in float64 at
+three lengths (one of them the traced one) for the loop module and transformers' Funnel (and in the slow
+run Pegasus, Marian and Mamba's slow path; Mamba's greedy generation is tests/test_convert_hf.py's)."""
 
 import functools
 

@@ -285,8 +285,11 @@ class _Body:
                 name = f"{want}_{k}"
             params.append(name)
             renamed[key] = (name, ())
+        *nexts, stepped = body.output
+        shared = nexts.index(stepped) if stepped in nexts else None  # the value kept is a carry (acc): not returned twice
+        output = (tuple(nexts) if len(nexts) != 1 else nexts[0]) if shared is not None else body.output
         graph = dataclasses.replace(
-            body, inputs={renamed[key]: m for key, m in body.inputs.items()},
+            body, output=output, inputs={renamed[key]: m for key, m in body.inputs.items()},
             nodes=[dataclasses.replace(m, target=renamed[m.target]) if m.kind == "input" else m for m in body.nodes],
             names={r: v for r, v in body.names.items() if body.nodes[r.node].kind != "input"})
         fn = self._placeholder(("loop", n), "step")
@@ -298,13 +301,17 @@ class _Body:
             p = self._placeholder((n, (j,)), self.g.names.get(Ref(n, (j,))) or params[1 + j])
             self.stmts.append(([f"{p} = {self.expr(init)}"], [p]))
             carries.append(p)
-        steps = self._placeholder((n, (loop.carries,)), self.g.names.get(Ref(n, (loop.carries,))) or "steps")
+        listed = self.g.names.get(Ref(n, (loop.carries,)))
+        if not listed or listed in {self.names[p] for p in carries}:  # named by its items, which are a carry's
+            listed = f"{listed or 'step'}s"
+        steps = self._placeholder((n, (loop.carries,)), listed)
         i = self._placeholder(("loop index", n), "i")
-        out = self._placeholder(("loop out", n), "out")
+        out = self._placeholder(("loop out", n), "out") if shared is None else carries[shared]
         call = ", ".join([i, *carries, *(self.expr(v) for v in outer)])
+        got = carries if shared is not None else [*carries, out]
         self.stmts.append(([f"{steps} = []", f"for {i} in range({self.expr(count)}):",
-                            f"    {', '.join([*carries, out])} = {fn}({call})", f"    {steps}.append({out})"],
-                           [steps, i, out, *carries]))
+                            f"    {', '.join(got)}{',' if len(got) == 1 and shared is None else ''} = {fn}({call})",
+                            f"    {steps}.append({out})"], [steps, i, *dict.fromkeys([out, *carries])]))
 
     def _pref(self, key) -> str | None:
         """The user's name for the value ``Ref(*key)``, or the buffer it becomes (``running_mean``)."""

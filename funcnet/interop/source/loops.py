@@ -274,7 +274,8 @@ def _build(graph: Graph, s, refs, b, k, n, templates, carries, out_slot, count):
             node, args=_unfreeze(node.args, first.args), kwargs=_unfreeze(node.kwargs, first.kwargs))
     output = tuple(Ref(local[b + slot[0]], slot[1]) for slot in carry_slots) + \
         (Ref(local[b + out_slot[0]], out_slot[1]),)
-    names = {Ref(local[r.node], r.path): name for r, name in graph.names.items() if b <= r.node < b + k}
+    names = {Ref(local[r.node], r.path): name for r, name in graph.names.items() if b <= r.node < b + k
+             and not (r == refs[0] and out_slot not in carries)}  # a value appended is named by its list
     for j, slot in enumerate(carry_slots):
         name = graph.names.get(Ref(b + slot[0], slot[1]))
         if name:
