@@ -266,8 +266,7 @@ class _Body:
     def _rolled(self, n: int) -> None:
         """A rerolled loop (funcnet/interop/source/loops.py): ``def step(i, carry, ...)`` with its
         body, then ``for i in range(size): carry, out = step(i, carry, ...); outs.append(out)``."""
-        node, loop = self.nodes[n], self.nodes[n].target
-        args = self.args[n]
+        loop, args = self.nodes[n].target, self.args[n]
         count, inits, outer = args[0], args[1:1 + loop.carries], args[1 + loop.carries:]
         body = loop.body
         renamed, params = {}, []

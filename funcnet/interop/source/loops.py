@@ -39,6 +39,7 @@ class Loop:
         self.body, self.carries, self.outer = body, carries, outer
 
     def key(self):
+        """What the loop computes, for comparing two recordings (``Node.key``)."""
         return ("Loop", self.body.key(), self.carries, self.outer)
 
     def __eq__(self, other):
@@ -163,7 +164,6 @@ def _rewrite(graph: Graph, s: int, refs: list, b: int, k: int, n: int):
             elif _frozen(seen) != _frozen(template):
                 raise _NoMatch
         templates.append(template)
-    # in step 0 a carry reads its initial value (an "outer" Ref in the template from step 1 is that value)
     out_slot = (refs[0].node - b, refs[0].path)
     # after the loop: the stack, and the last step's carries
     last = b + (n - 1) * k
@@ -262,8 +262,7 @@ def _build(graph: Graph, s, refs, b, k, n, templates, carries, out_slot, count):
 
     for j in range(k):
         first = nodes[b + j]
-        args, kwargs = value(templates[j])
-        # a carry read in step 0 is, there, its initial value: the templates from step 1 say "carry"
+        args, kwargs = value(templates[j])  # step 0 read a carry's initial value where the template says "carry"
         body_nodes.append(dataclasses.replace(first, args=tuple(args), kwargs=dict(kwargs)))
         local[b + j] = len(body_nodes) - 1
     # constants kept by value in the templates were frozen: read them back from step 0 instead
