@@ -132,6 +132,34 @@ def test_a_to_source_port_of_a_loop_it_cannot_write_refuses_another_length_in_on
     assert "called with (x: float64[2,7,4])" in message and "interop.convert(module, x)" in message
 
 
+class FirstThree(torch.nn.Module):
+    """A loop of a fixed 3 steps, traced at length 3: its count looks like the length there."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        scale = x.shape[1]  # a size read before the loop, 3 at the trace
+        return torch.stack([self.lin(x[:, i]) for i in range(3)], 1) * scale
+
+
+def test_a_loop_whose_count_only_looks_like_a_size_is_guarded_not_written_over_it():
+    torch.manual_seed(0)
+    module = FirstThree().double()
+    with jax.enable_x64(True):
+        source = interop.to_source(module, _x(2, 3, 0))
+        # at the trace the 3 steps read as range(x.shape[1]); recorded one longer they are still 3: guarded
+        assert "@shape_guard('x: float64[*,3,*]', names=('x',))" in source, source
+        model = _exec(source, "FirstThree")
+        params = interop.from_torch(module)
+        x = _x(3, 3, 1)  # another batch: free
+        got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
+        assert np.abs(got - module(x).detach().numpy()).max() <= 1e-13
+        with pytest.raises(ValueError, match=r"^FirstThree: this port was written at input signature"):
+            model.apply(params, jnp.ones((2, 6, 4)))
+
+
 def test_a_forward_whose_sizes_stay_sizes_is_written_shape_generic():
     class Generic(torch.nn.Module):
         def __init__(self):

@@ -286,7 +286,8 @@ class _Body:
             renamed[key] = (name, ())
         *nexts, stepped = body.output
         shared = nexts.index(stepped) if stepped in nexts else None  # the value kept is a carry (acc): not returned twice
-        output = (tuple(nexts) if len(nexts) != 1 else nexts[0]) if shared is not None else body.output
+        returned = list(nexts) if shared is not None else [*nexts, stepped]
+        output = returned[0] if len(returned) == 1 else tuple(returned)
         graph = dataclasses.replace(
             body, output=output, inputs={renamed[key]: m for key, m in body.inputs.items()},
             nodes=[dataclasses.replace(m, target=renamed[m.target]) if m.kind == "input" else m for m in body.nodes],
@@ -309,7 +310,7 @@ class _Body:
         call = ", ".join([i, *carries, *(self.expr(v) for v in outer)])
         got = carries if shared is not None else [*carries, out]
         self.stmts.append(([f"{steps} = []", f"for {i} in range({self.expr(count)}):",
-                            f"    {', '.join(got)}{',' if len(got) == 1 and shared is None else ''} = {fn}({call})",
+                            f"    {', '.join(got)} = {fn}({call})",
                             f"    {steps}.append({out})"], [steps, i, *dict.fromkeys([out, *carries])]))
 
     def _pref(self, key) -> str | None:
