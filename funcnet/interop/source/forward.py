@@ -46,6 +46,7 @@ class Context:
     stateful: set  # dotted child paths whose call changes state (kept even when the output is unused)
     constants: list  # module-level constants [(name, source)], shared by the whole file
     positions: frozenset = frozenset()  # dotted paths of container entries named by their position ("h.0")
+    reroll: bool = True  # loops over a size written as loops (funcnet/interop/source/loops.py)
 
 
 def _refs(tree):
@@ -66,7 +67,7 @@ class _Body:
     """The statements of one recorded graph."""
 
     def __init__(self, graph: Graph, ctx: Context):
-        graph = reroll(graph)
+        graph = reroll(graph) if ctx.reroll else graph
         self.g, self.ctx, self.nodes = graph, ctx, graph.nodes
         self.arg_paths: dict = {}
         for arg, path in list(graph.inputs) + list(graph.constants):

@@ -36,10 +36,11 @@ def _modes(recording, module):
 
 
 class _Writer:
-    def __init__(self, root, recording, registry):
+    def __init__(self, root, recording, registry, reroll: bool = True):
         from funcnet.interop import ops
 
         self.root, self.recording, self.registry, self.lookup = root, recording, registry, ops.lookup
+        self.reroll = reroll  # loops over a size written as loops (funcnet/interop/source/loops.py)
         self.classes: dict = {}  # class -> [instance, ...] in the order met
         self.order: list = []  # classes, children first
         self.specs: dict = {}  # id(instance) -> (children specs, forward statements, forward signature)
@@ -93,7 +94,7 @@ class _Writer:
             sig = "self, *args, **kwargs"
         else:
             ctx = Context(self.lookup, {n for n, _ in kids}, _lists(module), _stateful(module), self.constants,
-                          _positions(module))
+                          _positions(module), self.reroll)
             forward = body(modes, ctx)
             sig = signature(next(iter(modes.values()))[0].signature)
         if cls not in self.classes:
@@ -239,40 +240,59 @@ def to_source(module, *example_inputs, **example_kwargs) -> str:
             raise ConversionError(f"to_source: building the model failed: {type(e).__name__}: {e}. {_BUG}") from e
     if problems:
         raise ConversionError("to_source: cannot convert the model:" + _listed(problems))
-    source = _Writer(module, recording, registry).write()
-    free = _free_axes(module, example_inputs, example_kwargs, registry, recording)
+    free, rolled = _free_axes(module, example_inputs, example_kwargs, registry, recording)
+    source = _Writer(module, recording, registry, reroll=rolled).write()
     return source if free is None else _guarded(source, module, example_inputs, example_kwargs, free)
 
 
-def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple | None:
-    """The input axes the written code is shape-generic in, or None for all of them (no guard).
-    An axis is generic when the torch module, recorded again with that size one larger in every
-    input, gives the same program (its sizes read as ``x.shape[i]``); it is not when it gives
-    another (a ``range(x.shape[1])`` loop unrolled, a size used as a number). An axis whose size
-    torch itself refuses (a layer's width) is left to fail as torch fails."""
+def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple[tuple | None, bool]:
+    """``(axes, rolled)``: the input axes the written code is shape-generic in (None for all of
+    them: no guard), and whether it is written with its loops over a size rerolled
+    (funcnet/interop/source/loops.py). An axis is generic when the torch module, recorded again
+    with that size one larger in every input, gives the same program (its sizes read as
+    ``x.shape[i]``, a rerolled loop one step longer); it is not when it gives another (a size used
+    as a number, a loop not rerolled, or rerolled over a size that only had its count). An axis
+    whose size torch itself refuses (a layer's width) is left to fail as torch fails. The loops are
+    rerolled when that leaves every axis generic that the program as recorded leaves generic
+    (a pair stacked at batch 2 is no loop over the batch)."""
     from funcnet.interop.trace.modules import _trace
 
-    def outcome(axes) -> str:
+    def outcome(axes) -> tuple[str, str]:
         grown = _resized(args, axes), _resized(kwargs, axes)
         try:
             again, problems = _trace(module, *grown, registry, names=False, train=False)
         except Exception:  # noqa: BLE001 - the torch forward raised: torch refuses those sizes
-            return "raised"
-        return "same" if not problems and _keys(again) == _keys(recording) else "differs"
+            return "raised", "raised"
+        if problems:
+            return "differs", "differs"
+        return tuple("same" if _keys(again, rolled) == _keys(recording, rolled) else "differs"
+                     for rolled in (False, True))
 
     ndim = max((len(leaf.shape) for leaf in _leaves((args, kwargs)) if hasattr(leaf, "shape")), default=0)
-    if ndim == 0 or outcome("all") == "same":
-        return None
-    fixed = [axis for axis in range(ndim) if outcome((axis,)) == "differs"]
-    return None if not fixed else tuple(axis for axis in range(ndim) if axis not in fixed)
+    if ndim == 0:
+        return None, True
+    every = outcome("all")
+    if every[1] == "same":
+        return None, True
+    per_axis = [outcome((axis,)) for axis in range(ndim)]
+    free = []
+    for k in (0, 1):  # as recorded, rerolled
+        fixed = [axis for axis in range(ndim) if per_axis[axis][k] == "differs"]
+        free.append(None if every[k] == "same" or not fixed else
+                    tuple(axis for axis in range(ndim) if axis not in fixed))
+    plain, rolled = free
+    if plain is None or (rolled is not None and not set(plain) <= set(rolled)):
+        return plain, False
+    return rolled, True
 
 
-def _keys(recording) -> dict:
-    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone), as
-    written: a loop over a size rerolled (funcnet/interop/source/loops.py), so one more step is the same program."""
+def _keys(recording, rolled: bool = True) -> dict:
+    """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone); ``rolled``:
+    as written with its loops over a size rerolled (funcnet/interop/source/loops.py), one more step the same program."""
     from funcnet.interop.source.loops import reroll
 
-    return {k: [reroll(g).key() for g in by_mode.get("eval", [])] for k, by_mode in recording.graphs.items()}
+    return {k: [(reroll(g) if rolled else g).key() for g in by_mode.get("eval", [])]
+            for k, by_mode in recording.graphs.items()}
 
 
 def _leaves(tree):
