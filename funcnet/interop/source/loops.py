@@ -15,9 +15,11 @@ place, whose ``Loop`` target holds the steps' common body as a graph of its own:
 - ``n`` is a size the recording read before the loop (the closest one before it with that
   value): the loop runs ``range(that size)``.
 
-The size is a guess from the values alone (a loop of 4 steps over a width of 4 looks the same
-as one over a length of 4), so ``to_source`` checks it as it checks every size: recorded again
-with the input one longer, the rerolled program must be the same, or the axis stays guarded.
+The size is a guess from the values alone (two positions stacked at batch 2 look like a loop
+over the batch), so ``to_source`` checks it as it checks every size: recorded again with the
+input one larger, the rerolled program must be the same; it rerolls only where that leaves
+generic every axis the program as recorded leaves generic (funcnet/interop/source/write.py,
+``_free_axes``).
 """
 
 from __future__ import annotations
