@@ -51,7 +51,7 @@ def _interleaved(runners: dict, rounds: int, calls: int) -> dict:
     import jax
 
     # JAX dispatches asynchronously: each call's work is done before the clock reads again
-    runners = {name: (lambda fn=fn: jax.block_until_ready(fn()) if name != "torch" else fn())
+    runners = {name: (fn if name == "torch" else (lambda fn=fn: jax.block_until_ready(fn())))
                for name, fn in runners.items()}
     for fn in runners.values():
         fn()  # compile / warm up
