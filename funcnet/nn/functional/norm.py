@@ -74,7 +74,7 @@ def _normalize(h, weight, bias, axes, shape, eps):
     of the statistics gives more of both (XLA:CPU: the ConvNet's train step 1.04-1.05x faster);
     the tangent in torch's form transposed to four reductions (``sum(weight * rstd * g)`` apart
     from ``sum(g)``, the product with ``xhat`` twice): BatchNorm2d and ReLU's gradient at
-    64x64x32x32 took 29 ms against 13 this way (torch 23; one thread, CPU time).
+    64x64x32x32 took 33 ms against 15 this way (torch 31; ``benchmarks/batchnorm.py``).
     A ``custom_jvp`` rather than a ``custom_vjp`` keeps forward mode (``jax.jvp``, Hessians).
     The GPT's LayerNorm measured no faster this way, so LayerNorm keeps plain autodiff."""
     mean = jnp.mean(h, axis=axes, keepdims=True)
