@@ -11,7 +11,8 @@
    in torch.nn here and converted by ``funcnet.interop.convert``, and hand-written from
    ``funcnet.models.BasicBlock``), a ConvNeXt-style stack (7x7 depthwise, GroupNorm, 1x1 MLP)
    and torchvision's MobileNetV3-Small (inverted residuals, depthwise 3x3/5x5, squeeze-excite,
-   hardswish; written in torch.nn layer for layer), both converted: forward (eval) and an
+   hardswish; written in torch.nn layer for layer), both converted, and a smaller ResNet-style net
+   (``resnet_style``: a 3x3/2 stem, one BasicBlock a stage, down to 2x2 at 32 px), converted: forward (eval) and an
    SGD-momentum train step, against torch eager and torch.compile (``--compile``; it needs a C++
    compiler and minutes per model). ``benchmarks/conv_layout.py`` measures the same models with
    activations kept channels-last.

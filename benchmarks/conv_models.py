@@ -1,5 +1,5 @@
 """The whole models of benchmarks/conv.py: ResNet-18, a ConvNeXt-style stack and torchvision's
-MobileNetV3-Small in torch.nn, converted by ``funcnet.interop.convert``; ResNet-18 also hand-written
+MobileNetV3-Small and a smaller ResNet-style net in torch.nn, converted by ``funcnet.interop.convert``; ResNet-18 also hand-written
 in funcnet.nn. Forward (eval) and an SGD-momentum train step, funcnet against torch eager (and
 torch.compile), all variants of a model taking turns in the same interleaved rounds."""
 
@@ -21,6 +21,17 @@ def torch_resnet18(widths=(64, 128, 256, 512), num_classes=10):
                         tnn.MaxPool2d(3, 2, 1)], widths[0]
     for i, planes in enumerate(widths):
         layers += [TorchBasicBlock(inplanes, planes, 2 if i else 1), TorchBasicBlock(planes, planes)]
+        inplanes = planes
+    return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(inplanes, num_classes))
+
+
+def torch_resnet_style(widths=(64, 128, 256, 512), num_classes=10):
+    """A smaller ResNet-style net, not ResNet-18's layout: a 3x3/2 stem without a pool and one
+    BasicBlock a stage, so a 32 px input runs its stages at 16, 8, 4 and 2 px (the small-input
+    check: per-call costs and the 4x4 and 2x2 stages weigh most)."""
+    layers, inplanes = [tnn.Conv2d(3, widths[0], 3, 2, 1, bias=False), tnn.BatchNorm2d(widths[0]), tnn.ReLU()], widths[0]
+    for i, planes in enumerate(widths):
+        layers.append(TorchBasicBlock(inplanes, planes, 2 if i else 1))
         inplanes = planes
     return tnn.Sequential(*layers, tnn.AdaptiveAvgPool2d(1), tnn.Flatten(), tnn.Linear(inplanes, num_classes))
 
@@ -173,9 +184,10 @@ MODELS = {
     "resnet18": (torch_resnet18, funcnet_resnet18),
     "convnext": (torch_convnext, funcnet_convnext),
     "mobilenetv3": (torch_mobilenetv3, None),
+    "resnet_style": (torch_resnet_style, None),
 }
 QUICK = {"resnet18": {"widths": (4, 8, 8, 8)}, "convnext": {"dims": (4, 8, 8, 8), "depths": (1, 1, 1, 1)},
-         "mobilenetv3": {"width": 0.25}}
+         "mobilenetv3": {"width": 0.25}, "resnet_style": {"widths": (4, 8, 8, 8)}}
 
 
 def _funcnet_runners(model, params, model_state, x, y):

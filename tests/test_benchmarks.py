@@ -280,3 +280,18 @@ def test_conv_tapsum_quick_run_checks_every_formulation(tmp_path):
     assert _script("conv_tapsum").main(["--quick", "--weight-grad", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert set(row["ms"]) == {"funcnet", "banded", "batch-summed taps", "torch"} and row["ok"]
+
+
+@pytest.mark.slow
+def test_batchnorm_quick_run_checks_every_column_against_torch(tmp_path, capsys):
+    norm = (BENCHMARKS.parent / "funcnet" / "nn" / "functional" / "norm.py").read_text()
+    assert _script("batchnorm").main(["--quick", "--baseline", str(BENCHMARKS.parent / "funcnet" / "nn" /
+                                                                  "functional" / "norm.py")]) == 0
+    assert "WRONG" not in capsys.readouterr().out
+    # a baseline whose tangent drops the xhat term of the input gradient is caught
+    broken = tmp_path / "norm.py"
+    mutated = norm.replace("c = -jnp.mean(xhat * t,", "c = 0 * jnp.mean(xhat * t,")
+    assert mutated != norm
+    broken.write_text(mutated)
+    assert _script("batchnorm").main(["--quick", "--baseline", str(broken)]) == 1
+    assert "WRONG" in capsys.readouterr().out

@@ -140,6 +140,28 @@ def test_batchnorm_train_derivatives_equal_autodiff_of_the_plain_formula():
         np.testing.assert_allclose(second(ours), second(plain), rtol=1e-10, atol=1e-10)
 
 
+def test_batchnorm_gradient_reads_the_input_in_two_reductions_and_the_cotangent_in_two():
+    # the train-mode gradient is torch's hand-written backward: the statistics' two reductions
+    # (mean, variance) and the backward's two (sum(g), sum(g * xhat), shared by the input, weight and
+    # bias gradients). The tangent in torch's own form transposes to four backward reductions (six in
+    # all), 1.6-2.3x the time on XLA:CPU
+    bn = nn.BatchNorm2d(3)
+    state, params = bn.init_state(), bn.init(jax.random.key(0))
+    x = g = jnp.ones((4, 3, 5, 2))
+
+    def full_size_sums(jaxpr):
+        n = 0
+        for eqn in jaxpr.eqns:
+            n += eqn.primitive.name == "reduce_sum" and eqn.invars[0].aval.shape == x.shape
+            for v in eqn.params.values():
+                inner = getattr(v, "jaxpr", v)
+                n += full_size_sums(inner) if hasattr(inner, "eqns") else 0
+        return n
+
+    loss = lambda p, x: jnp.vdot(jax.nn.relu(bn.apply(p, x, state=state, train=True)[0]), g)  # noqa: E731
+    assert full_size_sums(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(params, x).jaxpr) == 4
+
+
 def test_batchnorm_state_is_torchs_buffers():
     bn = nn.BatchNorm2d(3)
     state = bn.init_state()
