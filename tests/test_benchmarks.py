@@ -363,3 +363,11 @@ def test_gpt_small_quick_run_checks_losses_and_writes_mfu(tmp_path):
     assert impls == {(i, d, m) for i in ("funcnet GPT", "converted", "torch eager") for d in ("fp32", "bf16")
                      for m in ("forward", "train")}
     assert all(0 < r["mfu"] and r["ms"] > 0 for r in result["rows"])
+
+
+def test_bf16_dots_every_form_agrees_with_float32_and_counts_its_dots(capsys):
+    """benchmarks/bf16_dots.py on a tiny chain: each bf16 dot form within bf16 rounding of the float32
+    chain (the script returns 1 otherwise), and every row reports how many of its dots are bf16."""
+    assert _script("bf16_dots").main(["--tokens", "8", "--width", "16", "--layers", "1", "--repeat", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "|" in line and "ms" not in line]
+    assert len(rows) == 5 and all(re.search(r" \d+/\d+ \|", row) for row in rows), rows
