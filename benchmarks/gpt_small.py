@@ -177,7 +177,8 @@ def _funcnet_runners(model, params, x, y, logits_of, policy):
         state[0], metrics = step(state[0], (x, y))
         return metrics["loss"]
 
-    return (lambda: forward(params, x, y)), train_step, forward
+    # the forward reads the train state's params (the latest ones): one copy of the weights per model
+    return (lambda: forward(state[0].params, x, y)), train_step, forward
 
 
 def run(args, console) -> dict:
