@@ -308,6 +308,9 @@ def main(argv=None) -> int:
                         help="time this process's CPU time, not wall time: steadier on a busy machine")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
     args = parser.parse_args(argv)
+    for flag in ("seq", "batch", "rounds"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, got {getattr(args, flag)}")
     if args.quick:
         args.seq, args.rounds = min(args.seq, QUICK["positions"]), 1
     from conv import CLOCK
