@@ -26,7 +26,7 @@ __all__ = ["BENCHES", "FIGURES", "PLACEHOLDER", "load", "provenance", "render", 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
            "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid",
-           "parallel_step")
+           "parallel_step", "gpt_small")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -252,11 +252,26 @@ def _parallel_step(result: dict) -> str:
     return "\n".join(out) + f"\n\nIn this run {verdict}."
 
 
+def _gpt_small(result: dict) -> str:
+    out = ["| dtype | step | implementation | ms | tokens/s | model GFLOP/s | fraction of peak | torch eager's time "
+           "over this |", "|---" * 8 + "|"]
+    for r in result["rows"]:
+        out.append(f"| {r['dtype']} | {r['mode']} | {r['impl']} | {_f(r['ms'], 1)} | {_f(r['tokens_per_s'], 1)} | "
+                   f"{_f(r['model_gflops_per_s'], 1)} | {_f(r['mfu'], 3)} | {_f(r['vs_torch_eager'])} |")
+    peak = result["matmul_peak"]
+    rates = ", ".join(f"{k} {_f(v, 1)}" for k, v in peak["gflops_per_s"].items())
+    return "\n".join(out) + (
+        f"\n\n{result['n_params'] / 1e6:.1f}M parameters (N, without the position embedding), batch "
+        f"{result['batch']} x {result['seq']} tokens. Model FLOPs: {result['flops_formula']}. The fraction of peak "
+        f"divides them by the best matmul rate measured in the same run in the row's dtype, a "
+        f"{peak['n']}x{peak['n']} matmul (GFLOP/s: {rates}).")
+
+
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
           "precision": _precision, "stream_train": _stream_train, "data_parallel": _data_parallel,
           "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
           "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models,
-          "parallel_step": _parallel_step}
+          "parallel_step": _parallel_step, "gpt_small": _gpt_small}
 
 
 def _row(result, **match):
