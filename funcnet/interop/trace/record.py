@@ -37,6 +37,13 @@ class Recording:
     modes: dict = dataclasses.field(default_factory=dict)  # problem -> the modes it was met in
 
 
+def skip_dirs() -> tuple[str, ...]:
+    """funcnet's and torch's directories, where no line is the model's, each with its separator:
+    ``.../site-packages/torch`` is a prefix of ``.../site-packages/torchvision``, whose lines are."""
+    return tuple(os.path.join(d, "") for d in (_FUNCNET_DIR, os.path.dirname(os.path.abspath(
+        __import__("torch").__file__))))
+
+
 class Recorder:
     """Runs ``root`` on the example inputs with the mode and the hooks installed."""
 
@@ -50,7 +57,7 @@ class Recorder:
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
         self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
-        self.skip = (_FUNCNET_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
+        self.skip = skip_dirs()
 
     def problem(self, frame: Frame, message: str, op: str = "") -> None:
         """Record, once, why the forward cannot be replayed: module path, op, the user's line and ``message``."""
@@ -229,8 +236,11 @@ class Recorder:
                     frame.bind(changed, Ref(ref.node, (1, k)))
             ref = Ref(ref.node, (0,))
         elif inplace and args and _is_tensor(args[0]):
+            base = _view_base(frame, args[0])
             frame.mark_aliases_stale(args[0], where)
             frame.bind(args[0], ref)
+            if base is not None:
+                _write_through(frame, args[0], base, where)
         return self._sizes(frame, name, out, ref)
 
     def _sizes(self, frame, name, out, ref):
@@ -337,6 +347,33 @@ def _write_back(frame, args, where) -> None:
     if (view is not None and view[0] is value and view[1] is target and view[2] is index
             and frame.stale.get(id(target)) == where):
         frame.stale.pop(id(target))
+
+
+def _view_base(frame, view):
+    """``x`` when ``view`` is ``x[i]`` recorded in this frame, shares ``x``'s memory (a basic index,
+    not a copying one) and ``x`` is current (not stale from an earlier change); else None."""
+    hit = frame.views.get(id(view))
+    if hit is None or hit[0] is not view:
+        return None
+    base = hit[1]
+    known = frame.known.get(id(base))
+    if known is None or known[0] is not base or id(base) in frame.stale:
+        return None
+    if view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+        return None
+    return base
+
+
+def _write_through(frame, view, base, where) -> None:
+    """``x[a:b].zero_()`` (torchvision's Swin V2 zeroes the key bias so): an in-place op on a view
+    ``x[i]`` of ``x``'s memory changes ``x`` as ``x[i] = <the view's new value>``, recorded as that
+    setitem, so ``x`` is current again. Any other alias of ``x`` stays stale; an index that copies
+    (a tensor of indices) shares no memory and leaves ``x`` alone, as in torch."""
+    frame.stale.pop(id(base), None)
+    index = frame.views[id(view)][2]
+    node = frame.add(Node("op", "Tensor.__setitem__", frame.arg((base, index, view)), {}, where=where,
+                          structure=structure(None)))
+    frame.bind(base, Ref(node.node, (1, 0)))
 
 
 def _in_place(name: str) -> bool:
