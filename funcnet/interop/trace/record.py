@@ -20,7 +20,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.trace.frame import Dim, Frame, as_replayed, flatten_args, user_line
+from funcnet.interop.trace.frame import (Dim, Frame, as_replayed, flatten_args, user_line, view_base,
+                                         write_back, write_through)
 from funcnet.interop.trace.graph import Graph, Node, Ref, structure
 from funcnet.interop.trace.env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
 from funcnet.interop.trace.vmap import recording_vmap
@@ -204,7 +205,7 @@ class Recorder:
             named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
             args = tuple(args) + tuple(named)
         if name == "Tensor.__setitem__" and len(args) == 3:
-            _write_back(frame, args, where)
+            write_back(frame, args, where)
         grad = torch.is_grad_enabled()
         out = _run(func, args, kwargs)
         if name == "Tensor.__getitem__" and len(args) == 2 and _is_tensor(out):
@@ -236,11 +237,11 @@ class Recorder:
                     frame.bind(changed, Ref(ref.node, (1, k)))
             ref = Ref(ref.node, (0,))
         elif inplace and args and _is_tensor(args[0]):
-            base = _view_base(frame, args[0])
+            base = view_base(frame, args[0])
             frame.mark_aliases_stale(args[0], where)
             frame.bind(args[0], ref)
             if base is not None:
-                _write_through(frame, args[0], base, where)
+                write_through(frame, args[0], base, where)
         return self._sizes(frame, name, out, ref)
 
     def _sizes(self, frame, name, out, ref):
@@ -335,45 +336,6 @@ def _is_tensor(value) -> bool:
     import torch
 
     return isinstance(value, torch.Tensor)
-
-
-def _write_back(frame, args, where) -> None:
-    """``x[i] += v`` is Python's ``t = x[i]; t += v; x[i] = t``: the in-place change of the view ``t``
-    leaves ``x`` stale (torch sees the change through the alias, the graph does not), and the
-    write-back, on the same line with the same index object, makes ``x`` whole again: the setitem
-    records ``x``'s new value from ``t``'s. Any other alias of ``x`` stays stale."""
-    target, index, value = args
-    view = frame.views.get(id(value))
-    if (view is not None and view[0] is value and view[1] is target and view[2] is index
-            and frame.stale.get(id(target)) == where):
-        frame.stale.pop(id(target))
-
-
-def _view_base(frame, view):
-    """``x`` when ``view`` is ``x[i]`` recorded in this frame, shares ``x``'s memory (a basic index,
-    not a copying one) and ``x`` is current (not stale from an earlier change); else None."""
-    hit = frame.views.get(id(view))
-    if hit is None or hit[0] is not view:
-        return None
-    base = hit[1]
-    known = frame.known.get(id(base))
-    if known is None or known[0] is not base or id(base) in frame.stale:
-        return None
-    if view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
-        return None
-    return base
-
-
-def _write_through(frame, view, base, where) -> None:
-    """``x[a:b].zero_()`` (torchvision's Swin V2 zeroes the key bias so): an in-place op on a view
-    ``x[i]`` of ``x``'s memory changes ``x`` as ``x[i] = <the view's new value>``, recorded as that
-    setitem, so ``x`` is current again. Any other alias of ``x`` stays stale; an index that copies
-    (a tensor of indices) shares no memory and leaves ``x`` alone, as in torch."""
-    frame.stale.pop(id(base), None)
-    index = frame.views[id(view)][2]
-    node = frame.add(Node("op", "Tensor.__setitem__", frame.arg((base, index, view)), {}, where=where,
-                          structure=structure(None)))
-    frame.bind(base, Ref(node.node, (1, 0)))
 
 
 def _in_place(name: str) -> bool:
