@@ -77,3 +77,15 @@ def test_to_source_refuses_it_in_one_line_at_the_same_line():
     message = str(info.value)
     assert message.startswith("to_source:") and "\n" not in message, message
     assert f"({os.path.abspath(__file__)}:{_line_of(_Folds.forward, 'fold(y')})" in message, message
+
+
+def test_a_library_beside_torch_is_model_code():
+    # torchvision sits beside torch in site-packages and its name starts with torch's: its lines
+    # (torchvision/ops/boxes.py, where nms is called) are where a refusal is told, not skipped
+    from funcnet.interop.trace.frame import is_model_code
+    from funcnet.interop.trace.record import skip_dirs
+
+    site = os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__)))
+    assert is_model_code(os.path.join(site, "torchvision", "ops", "boxes.py"), skip_dirs())
+    assert not is_model_code(os.path.join(site, "torch", "overrides.py"), skip_dirs())
+    assert is_model_code(os.path.join(site, "torch", "nn", "modules", "linear.py"), skip_dirs())

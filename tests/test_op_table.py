@@ -435,6 +435,11 @@ cases("F.dropout3d", C(A(2, 3, 2, 2, 2), 0.5, False), R(A(40, 50, 2, 2, 2, lo=1,
 cases("F.alpha_dropout F.feature_alpha_dropout", C(F2, 0.5, False), R(A(40, 50), 0.2, True, stat=_MEAN, tol=0.1))
 cases("F.stochastic_depth", C(F2, 0.5, "row", False), R(A(400, 5, lo=1, hi=2), 0.3, "row", stat=_ZEROS, tol=0.08),
       R(_BIG, 0.3, "batch", stat=lambda y: float(np.mean(y == 0) in (0.0, 1.0)), tol=0))  # all or none
+# torchvision::roi_align(input, rois [K, 5], spatial_scale, pooled h, pooled w, sampling_ratio, aligned); boxes
+# reach past the map's edges; the adaptive grid (sampling_ratio <= 0) and the legacy unaligned form included
+_ROIS = A(3, 5, values=[[0, 0.5, 1.0, 6.0, 4.5], [1, -2.0, 3.0, 9.5, 7.0], [0, 2.0, 2.0, 2.0, 2.0]])
+cases("torch.ops.torchvision.roi_align", C(A(2, 3, 6, 7), _ROIS, 1.0, 2, 3, 2, True),
+      C(A(2, 3, 6, 7), _ROIS, 0.5, 3, 2, -1, False), C(A(2, 3, 6, 7, dtype="f4"), A(3, 5, dtype="f4", values=_ROIS.values), 1.0, 2, 2, 0, True))
 
 # ---- indexing
 cases("Tensor.__getitem__", C(A(3, 4), 1), C(A(3, 4), (slice(None), slice(1, 3))), C(A(3, 4), (Ellipsis, None, -1)),
@@ -595,7 +600,20 @@ def _stochastic_depth(input, p, mode, training=True):
     return input * torch.empty(shape, dtype=input.dtype).bernoulli_(1 - p).div_(1 - p)
 
 
-_TORCH_NAME = {"F.stochastic_depth": _stochastic_depth}
+def _roi_align(*args):
+    """torchvision::roi_align where torchvision is installed, else its numpy oracle (tests/vision_oracle.py)."""
+    try:
+        import torchvision  # noqa: F401
+
+        return torch.ops.torchvision.roi_align(*args)
+    except ImportError:
+        from tests import vision_oracle
+
+        return torch.from_numpy(vision_oracle.roi_align(*(_np(a) if isinstance(a, torch.Tensor) else a
+                                                          for a in args))).to(args[0].dtype)
+
+
+_TORCH_NAME = {"F.stochastic_depth": _stochastic_depth, "torch.ops.torchvision.roi_align": _roi_align}
 
 
 def _torch_callable(name: str):

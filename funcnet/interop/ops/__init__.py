@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from funcnet.interop.ops import arith as _arith, factory as _factory, functional as _functional
 from funcnet.interop.ops import indexing as _indexing, random as _random, reduce as _reduce, shape as _shape
+from funcnet.interop.ops import vision as _vision
 from funcnet.interop.ops._core import DEFAULT_FLOAT, OPS, Op, mutated_places, result_type
 from funcnet.interop.ops.arith import *  # noqa: F401,F403
 from funcnet.interop.ops.factory import *  # noqa: F401,F403
@@ -30,6 +31,7 @@ from funcnet.interop.ops.names import REFUSED, canonical, lookup
 from funcnet.interop.ops.random import *  # noqa: F401,F403
 from funcnet.interop.ops.reduce import *  # noqa: F401,F403
 from funcnet.interop.ops.shape import *  # noqa: F401,F403
+from funcnet.interop.ops.vision import *  # noqa: F401,F403
 
 __all__ = (["Op", "OPS", "REFUSED", "canonical", "lookup", "mutated_places", "result_type", "DEFAULT_FLOAT"]
-           + [n for family in (_arith, _factory, _functional, _indexing, _random, _reduce, _shape) for n in family.__all__])
+           + [n for family in (_arith, _factory, _functional, _indexing, _random, _reduce, _shape, _vision) for n in family.__all__])

@@ -19,9 +19,12 @@ def canonical(func) -> str | None:
     name = getattr(func, "__name__", None)
     if name is None:
         return None
-    qualified = getattr(func, "_qualified_op_name", None) or ""  # "aten::index" of torch.ops.aten.index(.Tensor)
+    qualified = getattr(func, "_qualified_op_name", None) or getattr(
+        getattr(func, "overloadpacket", None), "_qualified_op_name", None) or ""  # "aten::index" of torch.ops.aten.index(.Tensor)
     if type(func).__name__ in ("OpOverloadPacket", "OpOverload") and qualified.startswith("aten::"):
         return f"torch.ops.aten.{qualified[6:]}"  # transformers' vmapped mask reads x[i, j] as aten.index
+    if type(func).__name__ in ("OpOverloadPacket", "OpOverload") and qualified.startswith("torchvision::"):
+        return f"torch.ops.torchvision.{qualified[13:]}"  # torchvision.ops.roi_align calls torchvision::roi_align
     owner = getattr(func, "__self__", None)
     if name == "__get__" and type(owner).__name__ == "getset_descriptor":
         # an attribute read: x.shape arrives as the __get__ of the descriptor named "shape"
@@ -90,6 +93,10 @@ REFUSED: dict[str, str] = {
     "Tensor.__index__": "using a tensor as a Python index reads its value; index with the tensor (x[idx]) instead",
     "Tensor.__getitem__(bool mask)": f"{_SHAPE}; use torch.where(mask, x, 0) or a mask multiply",
     "Tensor.__setitem__(bool mask)": "a boolean-mask assignment is fine as torch.where(mask, value, x); write that",
+    "torch.ops.torchvision.nms": f"{_SHAPE}: it returns as many indices as it keeps boxes (the code after it reads "
+                                 "the boxes by that number); run the model up to the boxes and scores with the converted "
+                                 "model and call funcnet.interop.ops.nms / batched_nms (fixed-size indices and a count) "
+                                 "on its outputs",
     "Tensor.backward": "gradients come from jax.grad of the loss, not from inside forward",
     "torch.autograd.grad": "gradients come from jax.grad of the loss, not from inside forward",
 }

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from funcnet.interop.trace.graph import Node, Ref, Slice
+from funcnet.interop.trace.graph import Node, Ref, Slice, structure
 from funcnet.interop.weights.state_dict import _to_numpy
 
 
@@ -250,3 +250,42 @@ class Frame:
         for key, (obj, _) in list(self.known.items()):
             if obj is not changed and isinstance(obj, torch.Tensor) and obj.untyped_storage().data_ptr() == ptr:
                 self.stale[key] = where
+
+
+def write_back(frame, args, where) -> None:
+    """``x[i] += v`` is Python's ``t = x[i]; t += v; x[i] = t``: the in-place change of the view ``t``
+    leaves ``x`` stale (torch sees the change through the alias, the graph does not), and the
+    write-back, on the same line with the same index object, makes ``x`` whole again: the setitem
+    records ``x``'s new value from ``t``'s. Any other alias of ``x`` stays stale."""
+    target, index, value = args
+    view = frame.views.get(id(value))
+    if (view is not None and view[0] is value and view[1] is target and view[2] is index
+            and frame.stale.get(id(target)) == where):
+        frame.stale.pop(id(target))
+
+
+def view_base(frame, view):
+    """``x`` when ``view`` is ``x[i]`` recorded in this frame, shares ``x``'s memory (a basic index,
+    not a copying one) and ``x`` is current (not stale from an earlier change); else None."""
+    hit = frame.views.get(id(view))
+    if hit is None or hit[0] is not view:
+        return None
+    base = hit[1]
+    known = frame.known.get(id(base))
+    if known is None or known[0] is not base or id(base) in frame.stale:
+        return None
+    if view.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+        return None
+    return base
+
+
+def write_through(frame, view, base, where) -> None:
+    """``x[a:b].zero_()`` (torchvision's Swin V2 zeroes the key bias so): an in-place op on a view
+    ``x[i]`` of ``x``'s memory changes ``x`` as ``x[i] = <the view's new value>``, recorded as that
+    setitem, so ``x`` is current again. Any other alias of ``x`` stays stale; an index that copies
+    (a tensor of indices) shares no memory and leaves ``x`` alone, as in torch."""
+    frame.stale.pop(id(base), None)
+    index = frame.views[id(view)][2]
+    node = frame.add(Node("op", "Tensor.__setitem__", frame.arg((base, index, view)), {}, where=where,
+                          structure=structure(None)))
+    frame.bind(base, Ref(node.node, (1, 0)))

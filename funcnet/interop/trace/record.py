@@ -20,7 +20,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from funcnet.interop.trace.frame import Dim, Frame, as_replayed, flatten_args, user_line
+from funcnet.interop.trace.frame import (Dim, Frame, as_replayed, flatten_args, user_line, view_base,
+                                         write_back, write_through)
 from funcnet.interop.trace.graph import Graph, Node, Ref, structure
 from funcnet.interop.trace.env import _ANSWER_COMPILING, _FUNCNET_DIR, _compiling, _quiet, _raised, _run
 from funcnet.interop.trace.vmap import recording_vmap
@@ -37,6 +38,13 @@ class Recording:
     modes: dict = dataclasses.field(default_factory=dict)  # problem -> the modes it was met in
 
 
+def skip_dirs() -> tuple[str, ...]:
+    """funcnet's and torch's directories, where no line is the model's, each with its separator:
+    ``.../site-packages/torch`` is a prefix of ``.../site-packages/torchvision``, whose lines are."""
+    return tuple(os.path.join(d, "") for d in (_FUNCNET_DIR, os.path.dirname(os.path.abspath(
+        __import__("torch").__file__))))
+
+
 class Recorder:
     """Runs ``root`` on the example inputs with the mode and the hooks installed."""
 
@@ -50,7 +58,7 @@ class Recorder:
         self.rec = Recording(names={id(m): n for n, m in root.named_modules()})
         self.mode = "train"
         self.produced: dict = {}  # id -> tensor, every tensor a torch call made while tracing
-        self.skip = (_FUNCNET_DIR, os.path.dirname(os.path.abspath(__import__("torch").__file__)))
+        self.skip = skip_dirs()
 
     def problem(self, frame: Frame, message: str, op: str = "") -> None:
         """Record, once, why the forward cannot be replayed: module path, op, the user's line and ``message``."""
@@ -197,7 +205,7 @@ class Recorder:
             named = [kwargs.pop(n) for n in ("query", "key", "value") if n in kwargs]
             args = tuple(args) + tuple(named)
         if name == "Tensor.__setitem__" and len(args) == 3:
-            _write_back(frame, args, where)
+            write_back(frame, args, where)
         grad = torch.is_grad_enabled()
         out = _run(func, args, kwargs)
         if name == "Tensor.__getitem__" and len(args) == 2 and _is_tensor(out):
@@ -229,8 +237,11 @@ class Recorder:
                     frame.bind(changed, Ref(ref.node, (1, k)))
             ref = Ref(ref.node, (0,))
         elif inplace and args and _is_tensor(args[0]):
+            base = view_base(frame, args[0])
             frame.mark_aliases_stale(args[0], where)
             frame.bind(args[0], ref)
+            if base is not None:
+                write_through(frame, args[0], base, where)
         return self._sizes(frame, name, out, ref)
 
     def _sizes(self, frame, name, out, ref):
@@ -326,18 +337,6 @@ def _is_tensor(value) -> bool:
     import torch
 
     return isinstance(value, torch.Tensor)
-
-
-def _write_back(frame, args, where) -> None:
-    """``x[i] += v`` is Python's ``t = x[i]; t += v; x[i] = t``: the in-place change of the view ``t``
-    leaves ``x`` stale (torch sees the change through the alias, the graph does not), and the
-    write-back, on the same line with the same index object, makes ``x`` whole again: the setitem
-    records ``x``'s new value from ``t``'s. Any other alias of ``x`` stays stale."""
-    target, index, value = args
-    view = frame.views.get(id(value))
-    if (view is not None and view[0] is value and view[1] is target and view[2] is index
-            and frame.stale.get(id(target)) == where):
-        frame.stale.pop(id(target))
 
 
 def _in_place(name: str) -> bool:
