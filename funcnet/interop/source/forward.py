@@ -26,7 +26,7 @@ from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
 from funcnet.interop.source.text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
                                          is_name, literal, own_expr)
 from funcnet.interop.trace.vmap import vmap_call, vmap_def
-from funcnet.interop.source.loops import reroll
+from funcnet.interop.source.loops import reroll, write_loop
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
 # names the generated module uses itself, and names ruff refuses (E741)
@@ -265,54 +265,9 @@ class _Body:
         self.stmts.append(([f"{p} = {text}"], [p]))
 
     def _rolled(self, n: int) -> None:
-        """A rerolled loop (funcnet/interop/source/loops.py): ``def step(i, carry, ...)`` with its
-        body, then ``for i in range(size): carry, out = step(i, carry, ...); outs.append(out)``."""
-        loop, args = self.nodes[n].target, self.args[n]
-        count, inits, outer = args[0], args[1:1 + loop.carries], args[1 + loop.carries:]
-        body = loop.body
-        renamed, params = {}, []
-        for key, m in body.inputs.items():
-            ref = Ref(m)
-            if key[0] == "index":
-                want = "i"
-            elif key[0].startswith("carry"):
-                want = body.names.get(ref) or "carry"
-            else:
-                want = self.g.names.get(outer[int(key[0][len("outer"):])]) or "value"
-            name, k = want, 1
-            while name in params or name in RESERVED:
-                k += 1
-                name = f"{want}_{k}"
-            params.append(name)
-            renamed[key] = (name, ())
-        *nexts, stepped = body.output
-        shared = nexts.index(stepped) if stepped in nexts else None  # the value kept is a carry (acc): not returned twice
-        returned = list(nexts) if shared is not None else [*nexts, stepped]
-        output = returned[0] if len(returned) == 1 else tuple(returned)
-        graph = dataclasses.replace(
-            body, output=output, inputs={renamed[key]: m for key, m in body.inputs.items()},
-            nodes=[dataclasses.replace(m, target=renamed[m.target]) if m.kind == "input" else m for m in body.nodes],
-            names={r: v for r, v in body.names.items() if body.nodes[r.node].kind != "input"})
-        fn = self._placeholder(("loop", n), "step")
-        lines = [f"def {fn}({', '.join(params)}):"] + ["    " + line for stmt in graph_body(graph, self.ctx)
-                                                       for line in stmt]
-        self.stmts.append((lines, [fn]))
-        carries = []
-        for j, init in enumerate(inits):
-            p = self._placeholder((n, (j,)), self.g.names.get(Ref(n, (j,))) or params[1 + j])
-            self.stmts.append(([f"{p} = {self.expr(init)}"], [p]))
-            carries.append(p)
-        listed = self.g.names.get(Ref(n, (loop.carries,)))
-        if not listed or listed in {self.names[p] for p in carries}:  # named by its items, which are a carry's
-            listed = f"{listed or 'step'}s"
-        steps = self._placeholder((n, (loop.carries,)), listed)
-        i = self._placeholder(("loop index", n), "i")
-        out = self._placeholder(("loop out", n), "out") if shared is None else carries[shared]
-        call = ", ".join([i, *carries, *(self.expr(v) for v in outer)])
-        got = carries if shared is not None else [*carries, out]
-        self.stmts.append(([f"{steps} = []", f"for {i} in range({self.expr(count)}):",
-                            f"    {', '.join(got)} = {fn}({call})",
-                            f"    {steps}.append({out})"], [steps, i, *dict.fromkeys([out, *carries])]))
+        """A rerolled loop: ``def step(i, carry, ...)`` then ``for i in range(size): ...``
+        (``write_loop`` in funcnet/interop/source/loops.py)."""
+        write_loop(self, n, graph_body, RESERVED)
 
     def _pref(self, key) -> str | None:
         """The user's name for the value ``Ref(*key)``, or the buffer it becomes (``running_mean``)."""

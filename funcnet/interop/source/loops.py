@@ -352,3 +352,55 @@ def _unfreeze(template_value, original):
     if isinstance(original, Ref):  # the index written as index + c
         return template_value
     return original
+
+
+def write_loop(b, n: int, graph_body, reserved) -> None:
+    """The statements of a rerolled loop node ``n`` of the body ``b`` (forward.py's ``_Body``):
+    ``def step(i, carry, ...)`` with its body, then ``for i in range(size): carry, out = step(i, carry,
+    ...); outs.append(out)``; ``graph_body`` writes the step's statements, ``reserved`` the names it may not take."""
+    loop, args = b.nodes[n].target, b.args[n]
+    count, inits, outer = args[0], args[1:1 + loop.carries], args[1 + loop.carries:]
+    body = loop.body
+    renamed, params = {}, []
+    for key, m in body.inputs.items():
+        ref = Ref(m)
+        if key[0] == "index":
+            want = "i"
+        elif key[0].startswith("carry"):
+            want = body.names.get(ref) or "carry"
+        else:
+            want = b.g.names.get(outer[int(key[0][len("outer"):])]) or "value"
+        name, k = want, 1
+        while name in params or name in reserved:
+            k += 1
+            name = f"{want}_{k}"
+        params.append(name)
+        renamed[key] = (name, ())
+    *nexts, stepped = body.output
+    shared = nexts.index(stepped) if stepped in nexts else None  # the value kept is a carry (acc): not returned twice
+    returned = list(nexts) if shared is not None else [*nexts, stepped]
+    output = returned[0] if len(returned) == 1 else tuple(returned)
+    graph = dataclasses.replace(
+        body, output=output, inputs={renamed[key]: m for key, m in body.inputs.items()},
+        nodes=[dataclasses.replace(m, target=renamed[m.target]) if m.kind == "input" else m for m in body.nodes],
+        names={r: v for r, v in body.names.items() if body.nodes[r.node].kind != "input"})
+    fn = b._placeholder(("loop", n), "step")
+    lines = [f"def {fn}({', '.join(params)}):"] + ["    " + line for stmt in graph_body(graph, b.ctx)
+                                                   for line in stmt]
+    b.stmts.append((lines, [fn]))
+    carries = []
+    for j, init in enumerate(inits):
+        p = b._placeholder((n, (j,)), b.g.names.get(Ref(n, (j,))) or params[1 + j])
+        b.stmts.append(([f"{p} = {b.expr(init)}"], [p]))
+        carries.append(p)
+    listed = b.g.names.get(Ref(n, (loop.carries,)))
+    if not listed or listed in {b.names[p] for p in carries}:  # named by its items, which are a carry's
+        listed = f"{listed or 'step'}s"
+    steps = b._placeholder((n, (loop.carries,)), listed)
+    i = b._placeholder(("loop index", n), "i")
+    out = b._placeholder(("loop out", n), "out") if shared is None else carries[shared]
+    call = ", ".join([i, *carries, *(b.expr(v) for v in outer)])
+    got = carries if shared is not None else [*carries, out]
+    b.stmts.append(([f"{steps} = []", f"for {i} in range({b.expr(count)}):",
+                        f"    {', '.join(got)} = {fn}({call})",
+                        f"    {steps}.append({out})"], [steps, i, *dict.fromkeys([out, *carries])]))
