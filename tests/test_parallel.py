@@ -281,7 +281,10 @@ class _Run:
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUNCNET_") and k != "XLA_FLAGS"}
+    # no FUNCNET_ setting leaks into the processes but the suite's FUNCNET_NO_COMPILE_CACHE: the example would
+    # otherwise turn on the compilation cache in the user's folder (and compile less on a second run)
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("FUNCNET_") and k != "FUNCNET_NO_COMPILE_CACHE") and k != "XLA_FLAGS"}
     return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
