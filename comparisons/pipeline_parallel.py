@@ -181,7 +181,7 @@ def jax_pipeline(params, xs, ys, kinds=KINDS):
             vg = pp.make_value_and_grad(cfg, mesh, MICROBATCHES, kind)
 
             @jax.jit
-            def train_step(split, opt, x, y, vg=vg):  # pipeline.make_step's step, with the gradients kept
+            def train_step(split, opt, x, y, vg=vg):  # pipeline.make_step's step, with the gradients kept to compare
                 loss, grads = vg(*split, x, y)
                 updates, opt = tx.update(grads, opt, split)
                 return optax.apply_updates(split, updates), opt, loss, grads
