@@ -36,9 +36,11 @@ def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarr
     Returns ``{"forward", "grads", "params", "buffers", "eval"}`` maximum absolute differences."""
     tdt = {"float32": torch.float32, "float64": torch.float64}[dtype]
     theirs = theirs.to(tdt).train()
-    # the templates in the compared dtype, as torch's .to(dtype) casts parameters and float buffers
-    params, state = funcnet.load_state_dict(cast_floating(ours.init(jax.random.key(0)), dtype),
-                                            theirs.state_dict(), state=cast_floating(ours.init_state(), dtype))
+    # the templates in the compared dtype, as torch's .to(dtype) casts parameters and float buffers; the
+    # params' template is shapes only (torch's values replace it), so no initializer runs
+    template = jax.eval_shape(lambda key: cast_floating(ours.init(key), dtype), jax.random.key(0))
+    params, state = funcnet.load_state_dict(template, theirs.state_dict(),
+                                            state=cast_floating(ours.init_state(), dtype))
     xs, ys = x[: batch * steps].astype(dtype), y[: batch * steps]
     diffs = {}
 
@@ -81,7 +83,8 @@ def compare(ours: nn.Module, theirs: torch.nn.Module, x: np.ndarray, y: np.ndarr
     theirs.eval()
     with torch.no_grad():
         eval_t = theirs(torch.from_numpy(xs[:batch])).numpy()
-    eval_j, _ = nn.call(ours, ts.params, ts.model_state, jnp.asarray(xs[:batch]), train=False)
+    eval_j, _ = jax.jit(lambda p, s, x: nn.call(ours, p, s, x, train=False))(ts.params, ts.model_state,
+                                                                            jnp.asarray(xs[:batch]))
     diffs["eval"] = float(np.max(np.abs(np.asarray(eval_j) - eval_t)))
     return diffs
 

@@ -46,8 +46,16 @@ def test_every_example_has_a_stated_result():
     assert sorted(RESULT) == EXAMPLES
 
 
-@pytest.mark.parametrize("name", EXAMPLES)
+# multi_process --quick is the run tests/test_parallel.py::test_two_processes_of_two_devices_match_one_device makes
+# by default (the same flags, with --out), which also checks its stated result: here it runs under -m slow
+QUICK_ELSEWHERE = {"multi_process"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in QUICK_ELSEWHERE else n
+                                  for n in EXAMPLES])
 def test_example_quick(name):
+    """examples/NAME.py --quick exits 0 and prints its stated result (multi_process's run and result are checked
+    by default in tests/test_parallel.py::test_two_processes_of_two_devices_match_one_device, so here it is slow)."""
     done = run_example(name, "--quick")
     out = done.stdout + done.stderr
     assert done.returncode == 0, f"examples/{name}.py --quick exited {done.returncode}:\n{out[-3000:]}"

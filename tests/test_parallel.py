@@ -281,7 +281,10 @@ class _Run:
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUNCNET_") and k != "XLA_FLAGS"}
+    # no FUNCNET_ setting leaks into the processes but the suite's FUNCNET_NO_COMPILE_CACHE: the example would
+    # otherwise turn on the compilation cache in the user's folder (and compile less on a second run)
+    env = {k: v for k, v in os.environ.items()
+           if not (k.startswith("FUNCNET_") and k != "FUNCNET_NO_COMPILE_CACHE") and k != "XLA_FLAGS"}
     return dict(env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
@@ -291,6 +294,10 @@ def test_two_processes_of_two_devices_match_one_device(tmp_path, digits):
                          timeout=400, check=False)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "2 local of 4 devices" in out.stdout
+    # examples/multi_process.py's --quick setting (2 processes of 2 devices, 1 epoch) and the result it states,
+    # which tests/test_examples.py checks of every other example
+    finished = re.search(r"all (\d) processes finished", out.stdout)
+    assert finished and finished.group(1) == "2", out.stdout[-2000:]
     (x, y), test = digits
     state, history = train.fit(nn.MLP([64, 32, 10]), optax.sgd(0.1), (x, y), test, epochs=1, batch_size=64,
                                key=jax.random.key(0), progress=False)
