@@ -28,10 +28,21 @@ The float32 rule (``classify``) and its reasons are in benchmarks/convert_zoo_ru
 past its bound is ``match (f32 rounding)`` only when float64 shows no logic error and ours is
 as near the exact answer as torch's float32; otherwise ``WRONG``.
 
-The model list was fixed before the first run: ``NAMED`` are the models the converter is required
-to match, ``HELD_OUT`` the others. Each model runs in its own process (``--timeout`` seconds).
+``--lengths`` checks each model again, the same figures, at inputs of other shapes than the one
+it was converted on (the converted model records the torch module again per input signature):
+each text model at three sequence lengths, each vision model at two image sizes (``LENGTHS``,
+``SIZES`` and ``other_inputs`` in benchmarks/convert_zoo_models.py), each from the module's
+original weights. ``to_source``'s model, written once from the traced input, runs at each of
+them: a port refusing another signature in its one line (its shape guard) is ``refused`` there,
+a wrong number makes the input WRONG. Where torch itself raises at an input (a model built for
+one image size), the converted model must raise too: refused, or WRONG if it returns a number.
+A model's ``status_all`` is the worst over its inputs; the counts are per input.
 
-    python benchmarks/convert_zoo_libraries.py [--models NAME ...] [--json out.json] [--timeout 900] [--jobs 2]
+The model list was fixed before the first run: ``NAMED`` are the models the converter is required
+to match, ``HELD_OUT`` the others; ``LENGTHS_HELD_OUT`` was fixed before the first ``--lengths``
+run. Each model runs in its own process (``--timeout`` seconds).
+
+    python benchmarks/convert_zoo_libraries.py [--lengths] [--models NAME ...] [--json out.json] [--timeout 900] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -499,20 +510,20 @@ def main(argv=None) -> int:
     rows, start = [], time.perf_counter()
     print(f"{'model':<36}{'set':<17}{'status':<21}{'fwd':>9}{'grad':>9}{'state':>9}  {'source':<8}why", flush=True)
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
-        futures = {pool.submit(_child, n, opts.timeout, opts.lengths): n for n in names}
+        # the text models first: their lengths are where a size read as a constant shows soonest
+        futures = {pool.submit(_child, n, opts.timeout, opts.lengths): n
+                   for n in sorted(names, key=lambda n: MODELS[n][3] != 0)}
         for done in concurrent.futures.as_completed(futures):  # printed as they finish, then in list order
             r = done.result()
             rows.append(r)
             _print(r)
             if opts.json:
-                with open(opts.json, "w") as f:
-                    json.dump(rows, f, indent=1)
+                _write(opts.json, rows, opts.lengths)
     rows.sort(key=lambda r: names.index(r["model"]))
     print("\nin list order:")
     for r in rows:
         _print(r)
-    for group, members in (("named", NAMED), ("held-out", HELD_OUT), ("lengths held-out", LENGTHS_HELD_OUT),
-                           ("every model", MODELS)):
+    for group, members in GROUPS.items():
         sel = [r for r in rows if r["model"] in members]
         if sel:
             src = sum(r.get("src") == "match" for r in sel)
@@ -521,9 +532,21 @@ def main(argv=None) -> int:
                 print(f"  {check_name:<12} {c['models']:>3}: " + ", ".join(f"{c[s]} {s}" for s in ORDER))
     print(f"{len(rows)} models in {time.perf_counter() - start:.0f} s with --jobs {opts.jobs}")
     if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        _write(opts.json, rows, opts.lengths)
     return 0
+
+
+GROUPS = {"named": NAMED, "held-out": HELD_OUT, "lengths held-out": LENGTHS_HELD_OUT, "every model": MODELS}
+
+
+def _write(path: str, rows: list[dict], lengths: bool) -> None:
+    """The run as JSON: its rows (each with its ``set``) and the counts of each group and input."""
+    for r in rows:
+        r["set"] = _group(r["model"])
+    groups = {g: counts([r for r in rows if r["model"] in members]) for g, members in GROUPS.items()
+              if any(r["model"] in members for r in rows)}
+    with open(path, "w") as f:
+        json.dump({"lengths": lengths, "rows": rows, "counts": groups}, f, indent=1)
 
 
 if __name__ == "__main__":
