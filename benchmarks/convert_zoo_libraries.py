@@ -492,6 +492,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here as JSON")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per model")
     parser.add_argument("--jobs", type=int, default=1, help="models run at once")
+    parser.add_argument("--resume", help="the --json file of an interrupted run: its models' rows are kept, the "
+                                         "others run")
     parser.add_argument("--lengths", action="store_true",
                         help="also check each text model at three sequence lengths and each vision model at two "
                              "image sizes (LENGTHS, SIZES in convert_zoo_models.py)")
@@ -508,17 +510,25 @@ def main(argv=None) -> int:
         return 0
     names = opts.models or list(MODELS)
     rows, start = [], time.perf_counter()
+    if opts.resume:  # an interrupted run's rows kept: only the models it had not finished run now
+        with open(opts.resume) as f:
+            before = json.load(f)
+        if before.get("lengths") != opts.lengths:
+            parser.error(f"--resume {opts.resume}: that run was made with lengths={before.get('lengths')}, this one "
+                         f"with {opts.lengths}; resume it with the same --lengths")
+        rows = [r for r in before["rows"] if r["model"] in names]
+        print(f"kept from {opts.resume}: {', '.join(r['model'] for r in rows)}", flush=True)
+    resumed = [r["model"] for r in rows]
     print(f"{'model':<36}{'set':<17}{'status':<21}{'fwd':>9}{'grad':>9}{'state':>9}  {'source':<8}why", flush=True)
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
-        # the text models first: their lengths are where a size read as a constant shows soonest
         futures = {pool.submit(_child, n, opts.timeout, opts.lengths): n
-                   for n in sorted(names, key=lambda n: MODELS[n][3] != 0)}
+                   for n in sorted((n for n in names if n not in resumed), key=_schedule)}
         for done in concurrent.futures.as_completed(futures):  # printed as they finish, then in list order
             r = done.result()
             rows.append(r)
             _print(r)
             if opts.json:
-                _write(opts.json, rows, opts.lengths)
+                _write(opts.json, rows, opts.lengths, resumed)
     rows.sort(key=lambda r: names.index(r["model"]))
     print("\nin list order:")
     for r in rows:
@@ -532,21 +542,28 @@ def main(argv=None) -> int:
                 print(f"  {check_name:<12} {c['models']:>3}: " + ", ".join(f"{c[s]} {s}" for s in ORDER))
     print(f"{len(rows)} models in {time.perf_counter() - start:.0f} s with --jobs {opts.jobs}")
     if opts.json:
-        _write(opts.json, rows, opts.lengths)
+        _write(opts.json, rows, opts.lengths, resumed)
     return 0
 
 
 GROUPS = {"named": NAMED, "held-out": HELD_OUT, "lengths held-out": LENGTHS_HELD_OUT, "every model": MODELS}
 
 
-def _write(path: str, rows: list[dict], lengths: bool) -> None:
-    """The run as JSON: its rows (each with its ``set``) and the counts of each group and input."""
+def _schedule(name: str) -> tuple:
+    """The order models start in: the text models first (their lengths are where a size read as a
+    constant shows soonest), then the --lengths held-out models, transformers' vision models, the rest."""
+    return MODELS[name][3] != 0, name not in LENGTHS_HELD_OUT, not name.startswith("hf/")
+
+
+def _write(path: str, rows: list[dict], lengths: bool, resumed: list[str]) -> None:
+    """The run as JSON: its rows (each with its ``set``), the counts of each group and input, and
+    the models whose rows were kept from an interrupted run (``--resume``)."""
     for r in rows:
         r["set"] = _group(r["model"])
     groups = {g: counts([r for r in rows if r["model"] in members]) for g, members in GROUPS.items()
               if any(r["model"] in members for r in rows)}
     with open(path, "w") as f:
-        json.dump({"lengths": lengths, "rows": rows, "counts": groups}, f, indent=1)
+        json.dump({"lengths": lengths, "rows": rows, "counts": groups, "resumed": resumed}, f, indent=1)
 
 
 if __name__ == "__main__":
