@@ -271,7 +271,14 @@ def _convert_zoo_libraries(result: dict) -> str:
         worst = max(inputs, key=lambda x: ZOO_STATUSES.index(x["status"]))
         why = (worst.get("why") or "").replace("|", "\\|")
         out.append(f"| {r['model']} | {r['set']} | " + " | ".join(cells) + f" | {why} |")
-    return "\n".join(out)
+    notes = []
+    if result.get("resumed"):
+        notes.append("Rows kept from the interrupted first part of the run (`--resume`): "
+                     + ", ".join(result["resumed"]) + ".")
+    if result.get("not_run"):
+        notes.append("Not run (the run was stopped before it reached them; their fresh-batch figures are in "
+                     "docs/design.md's earlier run): " + ", ".join(result["not_run"]) + ".")
+    return "\n".join(out) + "".join("\n\n" + n for n in notes)
 
 
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
