@@ -269,7 +269,7 @@ def _convert_zoo_libraries(result: dict) -> str:
         cells = [r["status"]] + [f"{x['status']} ({x['size']})" for x in r.get("sizes", [])]
         cells += ["-"] * (4 - len(cells))
         worst = max(inputs, key=lambda x: ZOO_STATUSES.index(x["status"]))
-        why = (worst.get("why") or "").replace("|", "\\|")
+        why = (worst.get("why") or "").replace("|", "\\|").replace("<", "&lt;")  # <root>: no HTML tag
         out.append(f"| {r['model']} | {r['set']} | " + " | ".join(cells) + f" | {why} |")
     notes = []
     if result.get("resumed"):
