@@ -28,10 +28,21 @@ The float32 rule (``classify``) and its reasons are in benchmarks/convert_zoo_ru
 past its bound is ``match (f32 rounding)`` only when float64 shows no logic error and ours is
 as near the exact answer as torch's float32; otherwise ``WRONG``.
 
-The model list was fixed before the first run: ``NAMED`` are the models the converter is required
-to match, ``HELD_OUT`` the others. Each model runs in its own process (``--timeout`` seconds).
+``--lengths`` checks each model again, the same figures, at inputs of other shapes than the one
+it was converted on (the converted model records the torch module again per input signature):
+each text model at three sequence lengths, each vision model at two image sizes (``LENGTHS``,
+``SIZES`` and ``other_inputs`` in benchmarks/convert_zoo_models.py), each from the module's
+original weights. ``to_source``'s model, written once from the traced input, runs at each of
+them: a port refusing another signature in its one line (its shape guard) is ``refused`` there,
+a wrong number makes the input WRONG. Where torch itself raises at an input (a model built for
+one image size), the converted model must raise too: refused, or WRONG if it returns a number.
+A model's ``status_all`` is the worst over its inputs; the counts are per input.
 
-    python benchmarks/convert_zoo_libraries.py [--models NAME ...] [--json out.json] [--timeout 900] [--jobs 2]
+The model list was fixed before the first run: ``NAMED`` are the models the converter is required
+to match, ``HELD_OUT`` the others; ``LENGTHS_HELD_OUT`` was fixed before the first ``--lengths``
+run. Each model runs in its own process (``--timeout`` seconds).
+
+    python benchmarks/convert_zoo_libraries.py [--lengths] [--models NAME ...] [--json out.json] [--timeout 900] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from convert_zoo_models import HELD_OUT, MODELS, NAMED, build, reinit_zeros  # noqa: E402
+from convert_zoo_models import HELD_OUT, LENGTHS_HELD_OUT, MODELS, NAMED, build, other_inputs, reinit_zeros  # noqa: E402
 from convert_zoo_rule import GRAD_TOL, SRC_TOL, TOLS, classify  # noqa: E402
 
 
@@ -90,13 +101,13 @@ def _largest(tree) -> float:
     return 0.0
 
 
-def check(name: str) -> dict:
-    """One model: convert, then the figures above; the row's ``status`` and ``why``."""
+def check(name: str, lengths: bool = False) -> dict:
+    """One model: convert, then the figures above on the fresh input; with ``lengths``, the same
+    figures again at each of ``other_inputs`` (``sizes``: one row each). The row's ``status`` and
+    ``why`` are the fresh input's; ``status_all`` is the worst over every input checked."""
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from convert_check import dict_rel, to_jax
 
-    import funcnet
     from funcnet import interop
 
     row: dict = {"model": name}
@@ -111,9 +122,58 @@ def check(name: str) -> dict:
         row["status"], row["why"] = _outcome(e)
         if row["status"] == "CRASH":
             row["trace"] = traceback.format_exc()[-2000:]
+        row["status_all"] = row["status"]
         return row
     row["convert_s"] = round(time.perf_counter() - start, 1)
+    written = _written(pristine, trace)
+    row.update(_compare(module, pristine, model, params, state, trace, fresh, written))
+    if lengths:
+        row["sizes"] = []
+        for label, inputs in other_inputs(name, module):
+            module.load_state_dict(pristine.state_dict())  # the train step above moved the buffers
+            module.zero_grad(set_to_none=True)
+            module.eval()
+            row["sizes"].append({"size": label, **_compare(module, pristine, model, params, state, trace, inputs,
+                                                          written)})
+    row["status_all"] = worst([row["status"]] + [r["status"] for r in row.get("sizes", [])])
+    return row
+
+
+# the statuses from the best to the worst: a model's overall status is the worst of its inputs'
+ORDER = ("match", "match (f32 rounding)", "refused", "vacuous", "WRONG", "CRASH")
+
+
+def worst(statuses: list[str]) -> str:
+    return max(statuses, key=ORDER.index)
+
+
+def _compare(module, pristine, model, params, state, trace, fresh: dict, written) -> dict:
+    """The figures of one input the model was not converted on: ``fwd``/``grad``/``state``
+    (with the float64 figures of the rule where one is past its bound), ``src`` (to_source's
+    model on this input), and ``status``/``why``. A written port that computes a wrong number
+    (``src`` WRONG or CRASH) makes the input WRONG or CRASH: that is a silent error too. Where
+    torch itself raises on the input (a model built for one image size), the converted model
+    must raise as well: a ``ConversionError`` is ``refused``, a number ``WRONG``."""
+    import jax
+    import torch
+    from convert_check import dict_rel, to_jax
+
+    import funcnet
+    from funcnet import nn
+
+    row: dict = {}
     jfresh = to_jax(fresh)
+    try:
+        with torch.no_grad():
+            module.eval()(**fresh)
+    except Exception as torch_error:  # noqa: BLE001 - torch's own refusal of this input
+        torch_says = f"torch raises too: {type(torch_error).__name__}: {_first_line(torch_error)}"
+        try:
+            jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(params, state, jfresh)
+        except Exception as e:  # noqa: BLE001
+            status, why = _outcome(e)
+            return {"status": status, "why": f"{why} ({torch_says})"}
+        return {"status": "WRONG", "why": f"a number where torch raises ({torch_says})"}
     try:
         want, got, named, grads, new_state = _both_steps(module, model, params, state, fresh, jfresh)
         row["fwd"], row["fwd_scale"] = _out_rel(got, want), _largest(want)
@@ -127,10 +187,12 @@ def check(name: str) -> dict:
         persistent = {k: v for k, v in module.state_dict().items() if k in buffers}
         row["state"] = max([_state_rel(ours_state, persistent, k) for k in persistent] + [0.0])
     except Exception as e:  # noqa: BLE001
-        row["status"], row["why"] = "CRASH", f"after convert: {type(e).__name__}: {_first_line(e)}"
-        row["trace"] = traceback.format_exc()[-2000:]
+        status, why = _outcome(e)
+        row["status"], row["why"] = status, f"after convert: {why}"
+        if status == "CRASH":
+            row["trace"] = traceback.format_exc()[-2000:]
         return row
-    row["src"], row["src_why"] = _source(pristine, trace, fresh, want, jfresh)
+    row["src"], row["src_why"] = _source_at(written, pristine, fresh, jfresh)
     if any(not row[m] <= tol for m, tol in TOLS.items()):  # rounding or a logic error? see the docstring
         try:
             row.update(_in_float64(pristine, trace, fresh, ours={"fwd": got, "grad": ours_grad, "state": ours_state},
@@ -142,6 +204,9 @@ def check(name: str) -> dict:
         row["why"] += f"; torch float32 with float32 BatchNorm sums against float64: {row['grad_f32_bn']:.1e}"
     if "f64_error" in row:
         row["why"] += f"; float64 figures failed: {row['f64_error']}"
+    if row["src"] in ("WRONG", "CRASH") and ORDER.index(row["status"]) < ORDER.index(row["src"]):
+        row["status"] = row["src"]
+        row["why"] = "; ".join(w for w in (row["why"], f"to_source's model: {row['src_why']}") if w)
     return row
 
 
@@ -321,10 +386,10 @@ def _state_rel(ours: dict, theirs: dict, key: str) -> float:
     return float(np.max(np.abs(a - b))) / (scale + 1e-30)
 
 
-def _source(module, trace, fresh, want, jfresh):
-    """to_source's model: written, executed, loaded strictly, compared on the fresh input."""
+def _written(module, trace):
+    """to_source's model, written from ``trace``, executed and loaded strictly with torch's
+    weights: ``(forward, params, state)``, or ``(status, why)`` where writing or loading failed."""
     import jax
-    import torch
 
     import funcnet
     from funcnet import interop, nn
@@ -342,26 +407,46 @@ def _source(module, trace, fresh, want, jfresh):
         state = jax.eval_shape(lambda: nn.initial_state(model)) if model.has_state else None
         loaded = funcnet.load_state_dict(params, module.state_dict(), state=state) if state is not None else (
             funcnet.load_state_dict(params, module.state_dict()), None)
-        got = jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0])(*loaded, jfresh)
+    except Exception as e:  # noqa: BLE001
+        return "CRASH", f"{type(e).__name__}: {_first_line(e)}"
+    return jax.jit(lambda p, s, x: nn.call(model, p, s, **x)[0]), *loaded
+
+
+def _source_at(written, module, fresh, jfresh):
+    """to_source's model (``_written``) against torch's eval forward on ``fresh``: a port that
+    refuses another input signature in its one line (its shape guard) is ``refused``."""
+    import torch
+
+    if len(written) == 2:
+        return written
+    forward, params, state = written
+    try:
+        got = forward(params, state, jfresh)
+    except Exception as e:  # noqa: BLE001
+        if isinstance(e, ValueError) and "this port was written at input signature" in str(e):
+            return "refused", _first_line(e)
+        return "CRASH", f"{type(e).__name__}: {_first_line(e)}"
+    try:
         with torch.no_grad():
-            err = _out_rel(got, module(**fresh))
+            err = _out_rel(got, module.eval()(**fresh))
     except Exception as e:  # noqa: BLE001
         return "CRASH", f"{type(e).__name__}: {_first_line(e)}"
     return ("match", f"{err:.1e}") if err <= SRC_TOL else ("WRONG", f"{err:.1e}")
 
 
-def _child(name: str, timeout: int) -> dict:
+def _child(name: str, timeout: int, lengths: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True,
-                              timeout=timeout, env=env, check=False)
+        proc = subprocess.run([sys.executable, __file__, "--one", name] + ["--lengths"] * lengths,
+                              capture_output=True, text=True, timeout=timeout, env=env, check=False)
     except subprocess.TimeoutExpired:
-        return {"model": name, "status": "CRASH", "why": f"timed out after {timeout} s"}
+        return {"model": name, "status": "CRASH", "status_all": "CRASH", "why": f"timed out after {timeout} s"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"model": name, "status": "CRASH", "why": f"process exited {proc.returncode}: {tail[:160]}"}
+        return {"model": name, "status": "CRASH", "status_all": "CRASH",
+                "why": f"process exited {proc.returncode}: {tail[:160]}"}
     row = json.loads(lines[-1])
     row["wall_s"] = round(time.perf_counter() - start, 1)
     return row
@@ -371,12 +456,33 @@ def _fmt(x) -> str:
     return "" if x is None else f"{x:.1e}"
 
 
+def _group(name: str) -> str:
+    return "named" if name in NAMED else "held-out" if name in HELD_OUT else "lengths held-out"
+
+
 def _print(r: dict) -> None:
-    name = r["model"]
-    src = r.get("src_why", "") if r.get("src") not in (None, "match") else ""
-    print(f"{name:<36}{'named' if name in NAMED else 'held-out':<9}{r['status']:<21}{_fmt(r.get('fwd')):>9}"
-          f"{_fmt(r.get('grad')):>9}{_fmt(r.get('state')):>9}  {r.get('src', ''):<8}{r.get('why', '')} {src}",
-          flush=True)
+    for label, x in [("fresh batch", r)] + [(s["size"], s) for s in r.get("sizes", [])]:
+        src = x.get("src_why", "") if x.get("src") not in (None, "match") else ""
+        name = r["model"] if x is r else f"  {label}"
+        group = _group(r["model"]) if x is r else ""
+        print(f"{name:<36}{group:<17}{x['status']:<21}{_fmt(x.get('fwd')):>9}{_fmt(x.get('grad')):>9}"
+              f"{_fmt(x.get('state')):>9}  {x.get('src', ''):<8}{x.get('why', '')} {src}", flush=True)
+
+
+def counts(rows: list[dict]) -> dict:
+    """``{check: {status: n, "models": n}}`` over ``rows``: ``fresh batch`` (every model); with
+    --lengths, ``input 1``/``input 2`` (each model's first and second other input: a text model's
+    first two lengths, a vision model's two sizes), ``input 3`` (the text models' third length) and
+    ``all inputs`` (each model's worst). A model refused or crashed at convert counts as such at
+    each of its inputs."""
+    checks: dict = {"fresh batch": [r["status"] for r in rows]}
+    if any("sizes" in r for r in rows):
+        for i in range(3):
+            checks[f"input {i + 1}"] = [
+                r["sizes"][i]["status"] if "sizes" in r else r["status"] for r in rows
+                if i < len(r.get("sizes", [])) or "sizes" not in r and (i < 2 or MODELS[r["model"]][3] == 0)]
+        checks["all inputs"] = [r.get("status_all", r["status"]) for r in rows]
+    return {c: {**{s: sum(x == s for x in v) for s in ORDER}, "models": len(v)} for c, v in checks.items()}
 
 
 def main(argv=None) -> int:
@@ -386,42 +492,78 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here as JSON")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per model")
     parser.add_argument("--jobs", type=int, default=1, help="models run at once")
+    parser.add_argument("--resume", help="the --json file of an interrupted run: its models' rows are kept, the "
+                                         "others run")
+    parser.add_argument("--lengths", action="store_true",
+                        help="also check each text model at three sequence lengths and each vision model at two "
+                             "image sizes (LENGTHS, SIZES in convert_zoo_models.py)")
     opts = parser.parse_args(argv)
+    unknown = [n for n in opts.models or [] if n not in MODELS]
+    if unknown:
+        parser.error(f"--models: {unknown} are not in MODELS; pick from benchmarks/convert_zoo_models.py's lists, "
+                     f"e.g. {list(MODELS)[:3]}")
     if opts.one:
         os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
         import torch
         torch.set_num_threads(1)
-        print(json.dumps(check(opts.one)))
+        print(json.dumps(check(opts.one, lengths=opts.lengths)))
         return 0
     names = opts.models or list(MODELS)
     rows, start = [], time.perf_counter()
-    print(f"{'model':<36}{'set':<9}{'status':<21}{'fwd':>9}{'grad':>9}{'state':>9}  {'source':<8}why", flush=True)
+    if opts.resume:  # an interrupted run's rows kept: only the models it had not finished run now
+        with open(opts.resume) as f:
+            before = json.load(f)
+        if before.get("lengths") != opts.lengths:
+            parser.error(f"--resume {opts.resume}: that run was made with lengths={before.get('lengths')}, this one "
+                         f"with {opts.lengths}; resume it with the same --lengths")
+        rows = [r for r in before["rows"] if r["model"] in names]
+        print(f"kept from {opts.resume}: {', '.join(r['model'] for r in rows)}", flush=True)
+    resumed = [r["model"] for r in rows]
+    print(f"{'model':<36}{'set':<17}{'status':<21}{'fwd':>9}{'grad':>9}{'state':>9}  {'source':<8}why", flush=True)
     with concurrent.futures.ThreadPoolExecutor(opts.jobs) as pool:
-        futures = {pool.submit(_child, n, opts.timeout): n for n in names}
+        futures = {pool.submit(_child, n, opts.timeout, opts.lengths): n
+                   for n in sorted((n for n in names if n not in resumed), key=_schedule)}
         for done in concurrent.futures.as_completed(futures):  # printed as they finish, then in list order
             r = done.result()
             rows.append(r)
             _print(r)
             if opts.json:
-                with open(opts.json, "w") as f:
-                    json.dump(rows, f, indent=1)
+                _write(opts.json, rows, opts.lengths, resumed)
     rows.sort(key=lambda r: names.index(r["model"]))
     print("\nin list order:")
     for r in rows:
         _print(r)
-    for group, members in (("named", NAMED), ("held-out", HELD_OUT)):
+    for group, members in GROUPS.items():
         sel = [r for r in rows if r["model"] in members]
         if sel:
-            counts = {s: sum(r["status"] == s for r in sel)
-                      for s in ("match", "match (f32 rounding)", "refused", "WRONG", "vacuous", "CRASH")}
             src = sum(r.get("src") == "match" for r in sel)
-            print(f"{group}: {len(sel)} models: " + ", ".join(f"{v} {k}" for k, v in counts.items())
-                  + f"; to_source matches for {src}")
+            print(f"{group}: {len(sel)} models; to_source matches on the fresh batch for {src}")
+            for check_name, c in counts(sel).items():
+                print(f"  {check_name:<12} {c['models']:>3}: " + ", ".join(f"{c[s]} {s}" for s in ORDER))
     print(f"{len(rows)} models in {time.perf_counter() - start:.0f} s with --jobs {opts.jobs}")
     if opts.json:
-        with open(opts.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        _write(opts.json, rows, opts.lengths, resumed)
     return 0
+
+
+GROUPS = {"named": NAMED, "held-out": HELD_OUT, "lengths held-out": LENGTHS_HELD_OUT, "every model": MODELS}
+
+
+def _schedule(name: str) -> tuple:
+    """The order models start in: the text models first (their lengths are where a size read as a
+    constant shows soonest), then the --lengths held-out models, transformers' vision models, the rest."""
+    return MODELS[name][3] != 0, name not in LENGTHS_HELD_OUT, not name.startswith("hf/")
+
+
+def _write(path: str, rows: list[dict], lengths: bool, resumed: list[str]) -> None:
+    """The run as JSON: its rows (each with its ``set``), the counts of each group and input, and
+    the models whose rows were kept from an interrupted run (``--resume``)."""
+    for r in rows:
+        r["set"] = _group(r["model"])
+    groups = {g: counts([r for r in rows if r["model"] in members]) for g, members in GROUPS.items()
+              if any(r["model"] in members for r in rows)}
+    with open(path, "w") as f:
+        json.dump({"lengths": lengths, "rows": rows, "counts": groups, "resumed": resumed}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
            "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid",
            "parallel_step", "gpt_small")
+           "parallel_step", "convert_zoo_libraries")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -265,6 +266,33 @@ def _gpt_small(result: dict) -> str:
         f"{result['batch']} x {result['seq']} tokens. Model FLOPs: {result['flops_formula']}. The fraction of peak "
         f"divides them by the best matmul rate measured in the same run in the row's dtype, a "
         f"{peak['n']}x{peak['n']} matmul (GFLOP/s: {rates}).")
+ZOO_STATUSES = ("match", "match (f32 rounding)", "refused", "vacuous", "WRONG", "CRASH")
+
+
+def _convert_zoo_libraries(result: dict) -> str:
+    """The converter zoo: counts per input checked, then each model's status at each input."""
+    every = result["counts"]["every model"]
+    out = ["| input | models | " + " | ".join(ZOO_STATUSES) + " |", "|---" * (2 + len(ZOO_STATUSES)) + "|"]
+    for check, c in every.items():
+        out.append(f"| {check} | {c['models']} | " + " | ".join(
+            f"**{c[s]}**" if s in ("WRONG", "CRASH") and c[s] else str(c[s]) for s in ZOO_STATUSES) + " |")
+    out += ["", "| model | set | fresh batch | input 1 | input 2 | input 3 | first line of the worst input's reason |",
+            "|---" * 7 + "|"]
+    for r in result["rows"]:
+        inputs = [r] + r.get("sizes", [])
+        cells = [r["status"]] + [f"{x['status']} ({x['size']})" for x in r.get("sizes", [])]
+        cells += ["-"] * (4 - len(cells))
+        worst = max(inputs, key=lambda x: ZOO_STATUSES.index(x["status"]))
+        why = (worst.get("why") or "").replace("|", "\\|").replace("<", "&lt;")  # <root>: no HTML tag
+        out.append(f"| {r['model']} | {r['set']} | " + " | ".join(cells) + f" | {why} |")
+    notes = []
+    if result.get("resumed"):
+        notes.append("Rows kept from the interrupted first part of the run (`--resume`): "
+                     + ", ".join(result["resumed"]) + ".")
+    if result.get("not_run"):
+        notes.append("Not run (the run was stopped before it reached them; their fresh-batch figures are in "
+                     "docs/design.md's earlier run): " + ", ".join(result["not_run"]) + ".")
+    return "\n".join(out) + "".join("\n\n" + n for n in notes)
 
 
 TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "main_command": _main_command,
@@ -272,6 +300,7 @@ TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "
           "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
           "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models,
           "parallel_step": _parallel_step, "gpt_small": _gpt_small}
+          "parallel_step": _parallel_step, "convert_zoo_libraries": _convert_zoo_libraries}
 
 
 def _row(result, **match):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,56 @@ def test_the_parallel_step_run_has_every_plan_within_10_percent_of_the_compiled_
         "gpipe", "1f1b"}
     worst = max(abs(r["planned_bytes"] / r["bytes_per_device"] - 1) for r in rows)
     assert worst <= 0.10 and result["planner_within_10_percent"], worst
+
+
+def _zoo():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import convert_zoo_libraries
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    saved = benchmarks.load("convert_zoo_libraries")
+    return convert_zoo_libraries, saved, {r["model"]: r for r in saved["result"]["rows"]}
+
+
+def _zoo_inputs(rows: dict, *statuses: str) -> list:
+    return [(r["model"], x.get("size", "fresh batch"), x["status"], x.get("why")) for r in rows.values()
+            for x in [r] + r.get("sizes", []) if x["status"] in statuses]
+
+
+def test_the_converter_zoo_run_checked_every_model_at_other_shapes_and_nothing_crashed():
+    """The zoo's saved run (benchmarks/convert_zoo_libraries.py --lengths): every model of its lists
+    (or, for a run stopped early, those it names as not run; never a --lengths held-out one),
+    each converted one checked at every other input of its kind (three text lengths, two image
+    sizes) beside the fresh batch; no input CRASH; each model's overall status is its worst
+    input's; the counts the page shows are the rows'."""
+    zoo, saved, rows = _zoo()
+    result, command = saved["result"], saved["run"]["command"]
+    assert result["lengths"] and "--lengths" in command and "--models" not in command, command
+    not_run = result.get("not_run", [])  # a run stopped early lists the models it did not reach
+    assert sorted([*rows, *not_run], key=list(zoo.MODELS).index) == list(zoo.MODELS) and not set(rows) & set(not_run)
+    assert list(rows) == [n for n in zoo.MODELS if n in rows], "the rows in the lists' order"
+    assert set(zoo.LENGTHS_HELD_OUT) <= set(rows), "every --lengths held-out model was run"
+    assert set(result["resumed"]) <= set(rows)
+    for name, r in rows.items():
+        assert r["set"] == zoo._group(name)
+        if "convert_s" in r:  # converted: checked at each other input
+            lists = sys.modules["convert_zoo_models"]  # imported by the script
+            kinds = lists.LENGTHS if zoo.MODELS[name][3] == 0 else lists.SIZES
+            assert len(r["sizes"]) == len(kinds), name
+        assert r["status_all"] == zoo.worst([r["status"]] + [x["status"] for x in r.get("sizes", [])]), name
+    assert not _zoo_inputs(rows, "CRASH")
+    assert result["counts"] == {g: zoo.counts([r for r in rows.values() if r["model"] in members])
+                                for g, members in zoo.GROUPS.items()}
+
+
+@pytest.mark.xfail(strict=True, reason="the saved run has one WRONG input: timm/rexnet_100 at 96 px, its float32 "
+                   "gradients 6.2e-4 from torch's (ours 1.8e-3 from float64, torch's float32 1.9e-3) and its float64 "
+                   "conversion 8.4e-12 from torch's, past the rule's float64 bound 4.6e-12 (docs/design.md)")
+def test_the_converter_zoo_run_has_no_wrong_input():
+    """No input of the zoo's saved run is WRONG (a silent error)."""
+    _, _, rows = _zoo()
+    assert not _zoo_inputs(rows, "WRONG")
 
 
 def test_the_page_renders_and_a_bad_placeholder_is_named(tmp_path):

@@ -88,3 +88,53 @@ def test_the_rule_imports_without_torch_or_timm():
             "print(sorted(m for m in ('torch', 'timm', 'torchvision', 'jax') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, BENCH], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _libraries():
+    sys.path.insert(0, BENCH)
+    try:
+        import convert_zoo_libraries
+    finally:
+        sys.path.remove(BENCH)
+    return convert_zoo_libraries
+
+
+def test_a_models_status_over_its_inputs_is_the_worst_and_the_counts_cover_each_input():
+    """--lengths: a model matching on the fresh batch and WRONG at one length counts as WRONG over
+    all inputs; a model refused at convert counts as refused at each of its inputs (three for text,
+    two for vision); the inputs' counts are taken per position."""
+    lib = _libraries()
+    assert lib.worst(["match", "match (f32 rounding)"]) == "match (f32 rounding)"
+    assert lib.worst(["match", "WRONG", "refused"]) == "WRONG"
+    assert lib.worst(["WRONG", "CRASH"]) == "CRASH"
+    text, vision = "hf/roberta", "tv/squeezenet1_0"
+    assert lib.MODELS[text][3] == 0 and lib.MODELS[vision][3] > 0
+    sizes = lambda *s: [{"size": f"input {i}", "status": x} for i, x in enumerate(s)]  # noqa: E731
+    rows = [
+        {"model": text, "status": "match", "convert_s": 1.0, "sizes": sizes("match", "WRONG", "match"),
+         "status_all": "WRONG"},
+        {"model": vision, "status": "match", "convert_s": 1.0, "sizes": sizes("match (f32 rounding)", "match"),
+         "status_all": "match (f32 rounding)"},
+        {"model": "hf/albert", "status": "refused", "status_all": "refused"},  # refused at convert: 3 lengths
+        {"model": "tv/mobilenet_v2", "status": "CRASH", "status_all": "CRASH"},  # crashed at convert: 2 sizes
+    ]
+    c = lib.counts(rows)
+    assert list(c) == ["fresh batch", "input 1", "input 2", "input 3", "all inputs"]
+    assert c["fresh batch"]["models"] == 4 and c["fresh batch"]["match"] == 2
+    assert c["input 1"] == {**dict.fromkeys(lib.ORDER, 0), "match": 1, "match (f32 rounding)": 1, "refused": 1,
+                            "CRASH": 1, "models": 4}
+    assert c["input 2"]["WRONG"] == 1 and c["input 2"]["models"] == 4
+    assert c["input 3"] == {**dict.fromkeys(lib.ORDER, 0), "match": 1, "refused": 1, "models": 2}  # text only
+    assert c["all inputs"]["WRONG"] == 1 and c["all inputs"]["CRASH"] == 1
+    assert "input 1" not in lib.counts([{k: v for k, v in r.items() if k != "sizes"} for r in rows[:2]])
+
+
+def test_the_lengths_held_out_list_is_its_own_and_every_input_is_another_shape():
+    """The --lengths held-out models are in no other list; each text length and image size differs
+    from the traced and the fresh one (6 and 7 tokens; the traced side)."""
+    lib = _libraries()
+    models = sys.modules["convert_zoo_models"]
+    assert not set(models.LENGTHS_HELD_OUT) & (set(models.NAMED) | set(models.HELD_OUT))
+    assert len(models.LENGTHS) == 3 and not {6, 7} & set(models.LENGTHS)
+    assert len(models.SIZES) == 2 and 1 not in models.SIZES
+    assert lib.GROUPS["every model"] == models.MODELS
