@@ -26,8 +26,7 @@ __all__ = ["BENCHES", "FIGURES", "PLACEHOLDER", "load", "provenance", "render", 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 BENCHES = ("throughput", "models", "start_up", "main_command", "precision", "stream_train", "data_loading",
            "run_epoch", "data_parallel", "loaded_runs", "conv_sweep", "conv_models", "conv_models_grid",
-           "parallel_step", "gpt_small")
-           "parallel_step", "convert_zoo_libraries")
+           "parallel_step", "gpt_small", "convert_zoo_libraries")
 PLACEHOLDER = re.compile(r"\{\{ *(run|table|plot|figure) +([a-z_]+)(?: +([a-z_0-9]+))? *\}\}")
 RUN_FIELDS = ("command", "date", "machine", "load", "versions")
 
@@ -266,6 +265,8 @@ def _gpt_small(result: dict) -> str:
         f"{result['batch']} x {result['seq']} tokens. Model FLOPs: {result['flops_formula']}. The fraction of peak "
         f"divides them by the best matmul rate measured in the same run in the row's dtype, a "
         f"{peak['n']}x{peak['n']} matmul (GFLOP/s: {rates}).")
+
+
 ZOO_STATUSES = ("match", "match (f32 rounding)", "refused", "vacuous", "WRONG", "CRASH")
 
 
@@ -299,8 +300,7 @@ TABLES = {"throughput": _throughput, "models": _models, "start_up": _start_up, "
           "precision": _precision, "stream_train": _stream_train, "data_parallel": _data_parallel,
           "run_epoch": _run_epoch, "data_loading": _data_loading, "loaded_runs": _loaded_runs,
           "conv_sweep": _conv_sweep, "conv_models": _conv_models, "conv_models_grid": _conv_models,
-          "parallel_step": _parallel_step, "gpt_small": _gpt_small}
-          "parallel_step": _parallel_step, "convert_zoo_libraries": _convert_zoo_libraries}
+          "parallel_step": _parallel_step, "gpt_small": _gpt_small, "convert_zoo_libraries": _convert_zoo_libraries}
 
 
 def _row(result, **match):
