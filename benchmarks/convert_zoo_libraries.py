@@ -492,7 +492,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="write the rows here as JSON")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per model")
     parser.add_argument("--jobs", type=int, default=1, help="models run at once")
-    parser.add_argument("--resume", help="the --json file of an interrupted run: its models' rows are kept, the "
+    parser.add_argument("--resume", help="the --json file (or the saved run) of an interrupted run: its models' rows are kept, the "
                                          "others run")
     parser.add_argument("--lengths", action="store_true",
                         help="also check each text model at three sequence lengths and each vision model at two "
@@ -513,6 +513,7 @@ def main(argv=None) -> int:
     if opts.resume:  # an interrupted run's rows kept: only the models it had not finished run now
         with open(opts.resume) as f:
             before = json.load(f)
+        before = before.get("result", before)  # a saved run (docs/data/bench_convert_zoo_libraries.json) or a --json file
         if before.get("lengths") != opts.lengths:
             parser.error(f"--resume {opts.resume}: that run was made with lengths={before.get('lengths')}, this one "
                          f"with {opts.lengths}; resume it with the same --lengths")
