@@ -268,7 +268,10 @@ def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
     elementwise in one vectorized loop, and the reduction runs over what is left. Each tap's
     loop reads the whole input and output gradient, so a batch of more than ``BATCH_CHUNK``
     examples is taken ``BATCH_CHUNK`` at a time (a ``fori_loop`` adding the chunks' gradients),
-    each chunk read 49 times (7x7) from cache rather than memory."""
+    each chunk read 49 times (7x7) from cache rather than memory. It runs apart from what
+    produced ``x`` and ``g`` (``apart``; the loop's boundary does that for a chunked batch):
+    fused, each tap's loop computed the producer again (a GroupNorm's backward before a
+    ConvNeXt block's depthwise convolution: 49 times per step)."""
     kernel = w.shape[2:]
     out, taps = _depthwise_plan(x.shape, kernel, stride, pads, rhs_dilation)
     n, channels = len(kernel), x.shape[1]
@@ -294,8 +297,8 @@ def _weight_grad_taps(x, g, w, stride, pads, rhs_dilation):
 
     batch = x.shape[0]
     chunks, rest = divmod(batch, BATCH_CHUNK)
-    if chunks <= 1:
-        grad = chunk_grad(x, g)
+    if chunks <= 1:  # apart: XLA fuses g's producer (a norm's backward) into every tap's loop
+        grad = apart(chunk_grad, x, g)
     else:
         def body(i, acc):
             start = i * BATCH_CHUNK
