@@ -21,7 +21,8 @@
 main:funcnet/nn/functional/conv_strategy.py > /tmp/old.py``), with another
 ``conv_depthwise.py`` as the module it imports (the second file, from ``git show`` likewise;
 without it the current one), as a column of the sweep beside the current one, in the same
-rounds: a before/after measured side by side.
+rounds: a before/after measured side by side. With ``--part models`` each converted model runs
+through it too, a row ``converted baseline`` timed in the same rounds.
 
 Times are medians of interleaved rounds (A, B, C, A, B, C, ...), so a load change hits every
 implementation alike; the load average is printed with the figures. Every row first checks
@@ -274,6 +275,8 @@ def main(argv=None) -> int:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from conv_models import run_models
 
+        if BASELINE:  # the converted models run through the baseline's convolve too, as a row of their own
+            args.baseline_context = lambda: _convolving(BASELINE[0])
         rows = run_models(args, rounds, console, interleaved)
         result["models"] = rows
         failed |= not all(r.get("ok", True) for r in rows)

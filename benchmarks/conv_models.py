@@ -240,6 +240,7 @@ def run_models(args, rounds, console, interleaved):
     from funcnet import interop, load_state_dict, nn
 
     names = args.models or (list(QUICK) if args.quick else list(MODELS))
+    baseline = getattr(args, "baseline_context", None)  # conv.py --baseline: a context swapping convolve
     sizes, batches = ([32], [2]) if args.quick else (args.sizes, args.batches)
     why_not = compile_unavailable() if args.compile and not args.quick else (
         "--quick" if args.quick else "pass --compile")
@@ -264,6 +265,8 @@ def run_models(args, rounds, console, interleaved):
                 variants = []
                 converted, params, model_state = interop.convert(copy.deepcopy(module), torch.from_numpy(x))
                 variants.append(("converted", converted, params, model_state))
+                if baseline is not None:  # the same converted model traced through the --baseline convolve
+                    variants.append(("converted baseline", converted, params, model_state))
                 if make_ours is not None:
                     ours = make_ours(**(QUICK[name] if args.quick else {}))
                     sd = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -273,6 +276,8 @@ def run_models(args, rounds, console, interleaved):
                 runners_f, runners_t, errs = {}, {}, {}
                 for how, model, p, s in variants:
                     runners_f[how], runners_t[how] = _funcnet_runners(model, p, s, x, y)
+                    if how.endswith("baseline"):  # traced (on the first call) and run under the swap
+                        runners_f[how], runners_t[how] = (_under(baseline, r) for r in (runners_f[how], runners_t[how]))
                     out = np.asarray(runners_f[how]())
                     # eval logits: sums over up to ~10^4 products per layer through ~20 layers in float32
                     errs[how] = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
@@ -299,6 +304,14 @@ def run_models(args, rounds, console, interleaved):
     if why_not is not None:
         console.print(f"torch.compile columns '-': {why_not}")
     return rows
+
+
+def _under(context, run):
+    """``run`` called inside ``context()`` each time (a jitted function traces on its first call)."""
+    def wrapped():
+        with context():
+            return run()
+    return wrapped
 
 
 def _cols(d, width):

@@ -24,7 +24,11 @@ the rule (``conv_depthwise.BAND_WIDTH``) takes the banded form up to 2 kernel wi
 input with every tap live. The input is a ReLU's output (about half zeros), as in a model.
 
     python benchmarks/conv_tapsum.py [--shapes 8x576x4x5 32x576x4x5 ...] [--rounds 7] [--json out.json]
-    python benchmarks/conv_tapsum.py --weight-grad [--shapes 8x240x14x5 ...]
+    python benchmarks/conv_tapsum.py --weight-grad [--shapes 8x240x14x5 64x72x56x3x2 ...] [--baseline OLD.py]
+
+A fifth field of a ``--weight-grad`` shape is the stride (padding stays ``kernel // 2``).
+``--baseline OLD.py`` (another ``conv_depthwise.py``, say from ``git show``) adds its weight
+gradient (``_weight_grad``, as its rule picks) as a column timed in the same rounds.
 """
 
 from __future__ import annotations
@@ -109,7 +113,10 @@ def _variants(x_shape, kernel):
             "plane matrix": plane_matrix, "plane matrix, summed": plane_matrix_summed}
 
 
-def _weight_grad_variants(x_shape, kernel):
+BASELINE = []  # --baseline: another conv_depthwise module
+
+
+def _weight_grad_variants(x_shape, kernel, stride=1):
     """The weight gradient's forms, each ``f(x, g)`` of the layer's input and output gradient."""
     import jax.numpy as jnp
 
@@ -118,9 +125,14 @@ def _weight_grad_variants(x_shape, kernel):
     pad = kernel // 2
     pads = ((pad, pad), (pad, pad))
     w = jnp.zeros((x_shape[1], 1, kernel, kernel), jnp.float32)
-    return {"funcnet": lambda x, g: dw._weight_grad(x, g, w, (1, 1), pads, (1, 1)),
-            "banded": lambda x, g: dw._weight_grad_banded(x, g, (kernel, kernel), pads),
-            "batch-summed taps": lambda x, g: dw._weight_grad_taps(x, g, w, (1, 1), pads, (1, 1))}
+    st = (stride, stride)
+    forms = {"funcnet": lambda x, g: dw._weight_grad(x, g, w, st, pads, (1, 1))}
+    if BASELINE:
+        forms["baseline"] = lambda x, g: BASELINE[0]._weight_grad(x, g, w, st, pads, (1, 1))
+    if stride == 1:
+        forms["banded"] = lambda x, g: dw._weight_grad_banded(x, g, (kernel, kernel), pads)
+        forms["batch-summed taps"] = lambda x, g: dw._weight_grad_taps(x, g, w, st, pads, (1, 1))
+    return forms
 
 
 def _measure(spec, variants, operands, ref, torch_call, tol, rounds):
@@ -145,23 +157,25 @@ def run_weight_grad_shape(spec: str, rounds: int) -> dict:
     import numpy as np
     import torch
 
-    batch, channels, size, kernel = (int(v) for v in spec.split("x"))
+    batch, channels, size, kernel, *rest = (int(v) for v in spec.split("x"))
+    stride = rest[0] if rest else 1
+    out = (size + 2 * (kernel // 2) - kernel) // stride + 1
     rng = np.random.default_rng(0)
     x_np = np.maximum(rng.standard_normal((batch, channels, size, size)), 0).astype(np.float32)
-    g_np = rng.standard_normal((batch, channels, size, size)).astype(np.float32)
+    g_np = rng.standard_normal((batch, channels, out, out)).astype(np.float32)
     tw = torch.zeros((channels, 1, kernel, kernel), requires_grad=True)
     tx, tg = torch.from_numpy(x_np), torch.from_numpy(g_np)
 
     def torch_step():
         tw.grad = None
-        torch.nn.functional.conv2d(tx, tw, None, 1, kernel // 2, 1, channels).backward(tg)
+        torch.nn.functional.conv2d(tx, tw, None, stride, kernel // 2, 1, channels).backward(tg)
         return tw.grad
 
     ref = torch_step().numpy()
-    # float32 sums of batch * size**2 products of unit-scale terms
-    tol = 4 * batch * size * size * 2.0 ** -24 * 4
-    return _measure(spec, _weight_grad_variants(x_np.shape, kernel), (jnp.asarray(x_np), jnp.asarray(g_np)), ref,
-                    torch_step, tol, rounds)
+    # float32 sums of batch * out**2 products of unit-scale terms
+    tol = 4 * batch * out * out * 2.0 ** -24 * 4
+    return _measure(spec, _weight_grad_variants(x_np.shape, kernel, stride), (jnp.asarray(x_np), jnp.asarray(g_np)),
+                    ref, torch_step, tol, rounds)
 
 
 def run_shape(spec: str, rounds: int) -> dict:
@@ -193,7 +207,16 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one tiny shape, one round")
     parser.add_argument("--json", default=None, help="write the figures to this JSON file")
     parser.add_argument("--weight-grad", action="store_true", help="the depthwise weight gradient's forms instead")
+    parser.add_argument("--baseline", default=None, metavar="FILE",
+                        help="with --weight-grad: another conv_depthwise.py whose weight gradient is timed beside")
     args = parser.parse_args(argv)
+    if args.baseline:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("baseline_conv_depthwise", args.baseline)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        BASELINE.append(module)
     import torch
 
     torch.set_num_threads(1)
@@ -201,13 +224,14 @@ def main(argv=None) -> int:
     run = run_weight_grad_shape if args.weight_grad else run_shape
     shapes = args.shapes or (QUICK_SHAPES if args.quick else WGRAD_SHAPES if args.weight_grad else SHAPES)
     rows = [run(s, 1 if args.quick else args.rounds) for s in shapes]
-    names = [n for n in rows[0]["ms"] if n != "torch"]
+    names = list(dict.fromkeys(n for r in rows for n in r["ms"] if n != "torch"))
     print(("ms weight gradient (torch: forward and backward)" if args.weight_grad else "ms forward")
           + " (CPU time, one thread), and over torch's:")
     print(f"{'shape':<14}{'torch':>8}" + "".join(f"{n:>24}" for n in names))
     for r in rows:
         t = r["ms"]["torch"]
-        cells = "".join(f"{r['ms'][n]:>12.3f} ({r['ms'][n] / t:4.2f}x)" + " " * 3 for n in names)
+        cells = "".join((f"{r['ms'][n]:>12.3f} ({r['ms'][n] / t:4.2f}x)" if n in r["ms"] else f"{'-':>20}") + " " * 3
+                        for n in names)
         print(f"{r['shape']:<14}{t:>8.3f}" + cells + ("" if r["ok"] else "  MISMATCH"))
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))

@@ -178,6 +178,10 @@ DEPTHWISE_FORMS = {
     "fused-pad+weight-summed-over-batch": ((2, 4, 6, 12), (3, 3), (1, 1), 1),
     # strides 2 and 3 past 9 taps: stride-1 slices of the input's phases
     "phases+weight-summed-over-batch": ((2, 4, 5, 9), (5, 4), (2, 1), (2, 3)),
+    # past BATCH_CHUNK (8) examples the weight gradient loops over chunks of 8 and a remainder
+    # (19 = 8 + 8 + 3); a 28x14 plane is summed over halves of its rows (SUMMED_POSITIONS)
+    "fused-pad+weight-over-batch-chunks": ((19, 4, 28, 14), (3, 3), (1, 1), 1),
+    "phases+weight-over-batch-chunks": ((17, 4, 5, 9), (5, 4), (2, 1), (2, 3)),
 }
 
 
@@ -225,6 +229,38 @@ def test_depthwise_gradients_equal_autodiff_of_xla_first_and_second_order(form):
         with pytest.raises(TypeError, match="custom_vjp"):
             jax.jvp(ours, (x, w), (tx, tw))
         jax.jvp(plain, (x, w), (tx, tw))
+
+
+def test_pointwise_conv_is_one_matrix_multiply_per_example_and_equals_torch():
+    """A 1x1 convolution on a plane of at least POINTWISE_POSITIONS positions is a batched
+    matrix multiply over the examples (no layout copy of the input to (N*H*W, C)): its jaxpr has
+    a dot_general batched over axis 0 of both operands; forward, input and weight gradients, and
+    forward mode equal torch's and jax.jvp's of XLA's convolution (float64: sums of 5 products
+    forward, 2 x 784 for the weight)."""
+    from funcnet.nn.functional import conv2d
+
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((2, 5, 28, 28)), rng.standard_normal((6, 5, 1, 1)), rng.standard_normal(6)
+    g = rng.standard_normal((2, 6, 28, 28))
+    with jax.enable_x64(True):
+        def loss(x, w, b):
+            return jnp.vdot(conv2d(x, w, b), g)
+
+        jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(x, w, b))
+        assert "dimension_numbers=(([2], [1]), ([0], [0]))" in jaxpr and "conv_general_dilated" not in jaxpr
+        y, grads = jax.jit(conv2d)(x, w, b), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(x, w, b)
+        tx, tw, tb = (torch.from_numpy(a).requires_grad_() for a in (x, w, b))
+        ty = torch.nn.functional.conv2d(tx, tw, tb)
+        ty.backward(torch.from_numpy(g))
+        np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+        for ours, theirs in zip(grads, (tx.grad, tw.grad, tb.grad)):
+            np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-11, atol=1e-11)
+        tangents = (rng.standard_normal(x.shape), rng.standard_normal(w.shape))
+        ours = jax.jvp(lambda x, w: conv2d(x, w), (x, w), tangents)
+        with strategy("xla"):
+            plain = jax.jvp(lambda x, w: conv2d(x, w), (x, w), tangents)
+        for a, c in zip(ours, plain):
+            np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
 
 
 def test_unknown_strategy_is_refused():
