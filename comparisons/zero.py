@@ -18,6 +18,7 @@ child process with simulated CPU devices.
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import tempfile
@@ -103,6 +104,8 @@ def zero_worker(rank, world, rendezvous, workdir, dtype):
     if rank == 0:
         torch.save({"runs": out, "state_bytes": per_rank, "seconds": seconds}, f"{workdir}/torch.pt")
     dist.barrier()  # neither rank tears its gloo connections down while the other may still use them
+    del ddp, zero1  # DDP's reducer freed before the group it holds is destroyed: see comparisons/data_parallel.py
+    gc.collect()
     dist.destroy_process_group()
 
 
