@@ -132,6 +132,81 @@ def test_a_to_source_port_of_a_loop_it_cannot_write_refuses_another_length_in_on
     assert "called with (x: float64[2,7,4])" in message and "interop.convert(module, x)" in message
 
 
+class Windows(torch.nn.Module):
+    """Pads the length to whole windows of 4, then branches on the padded length (as Swin compares its
+    window with the feature map): lengths 3 and 4 take the first branch, 5 to 8 the second. Recorded one
+    larger than the traced 3 the program is the same, so only the comparison itself can tell."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        length = x.shape[1]
+        x = torch.nn.functional.pad(x, (0, 0, 0, (4 - length % 4) % 4))
+        if 4 >= x.shape[1]:
+            x = x * 2
+        else:
+            x = x.roll(1, 1)
+        return self.lin(x)[:, :length]
+
+
+def test_a_comparison_of_sizes_is_checked_on_every_call_by_convert_and_by_the_port():
+    torch.manual_seed(0)
+    module = Windows().double()
+    with jax.enable_x64(True):
+        model, params, _ = interop.convert(module, _x(2, 3, 0))
+        for length in (3, 4, 5, 9):  # 5 and 9 take the other branch: recorded again, so torch's numbers
+            x = _x(2, length, length)
+            got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
+            assert np.abs(got - module(x).detach().numpy()).max() <= 1e-13, length
+        source = interop.to_source(module, _x(2, 3, 0))
+        # the branch taken is written with its condition, checked where the torch code made it
+        assert "size_check(x.shape[1] <= 4, 'x.shape[1] <= 4', 'test_convert_shapes.py:" in source, source
+        port = _exec(source, "Windows")
+        params = interop.from_torch(module)
+        for length in (3, 4):  # the condition holds: torch's numbers on fresh inputs
+            x = _x(3, length, 10 + length)
+            got = np.asarray(port.apply(params, jnp.asarray(x.numpy())))
+            assert np.abs(got - module(x).detach().numpy()).max() <= 1e-13, length
+        for length in (5, 9):  # it does not: refused in one line, never the first branch's numbers
+            with pytest.raises(ValueError) as err:
+                port.apply(params, jnp.asarray(_x(2, length, 0).numpy()))
+            message = str(err.value)
+            assert "\n" not in message and "where x.shape[1] <= 4" in message and "interop.convert" in message
+
+
+class Branch(torch.nn.Module):
+    """Takes one path for short inputs and another for long ones."""
+
+    def forward(self, x):
+        if x.shape[1] > 4:
+            return x.roll(1, 1)
+        return x * 2
+
+
+class Shared(torch.nn.Module):
+    """One child called on a short and a long slice in the same forward: two recordings of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = Branch()
+
+    def forward(self, x):
+        return self.block(x[:, :3]).sum(1) + self.block(x).mean(1)
+
+
+def test_a_child_recorded_at_two_sizes_replays_the_recording_whose_comparisons_hold_at_each_call():
+    # both recordings of the child take the same arguments: only its comparison of sizes tells them apart
+    # (the first recording, replayed on the long input, gave numbers 0.6 off)
+    module = Shared().double()
+    x = _x(2, 6, 0)
+    with jax.enable_x64(True):
+        model, params, _ = interop.convert(module, x)
+        got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
+    assert np.abs(got - module(x).numpy()).max() <= 1e-14
+
+
 class FirstThree(torch.nn.Module):
     """A loop of a fixed 3 steps, traced at length 3: its count looks like the length there."""
 

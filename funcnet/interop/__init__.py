@@ -13,6 +13,8 @@
   call with new shapes, dtypes or non-array arguments records the torch module again.
 - ``shape_guard(signature, names)``: the decorator a ``to_source`` port's root carries when its
   code holds at the traced shapes alone; another input signature is refused in one line.
+- ``size_check(holds, condition, where)``: the line a port writes where the torch code compared
+  sizes and branched; the port refuses, in one line, a call where the branch taken no longer holds.
 - ``from_pretrained(DIR)``: a Hugging Face checkpoint folder (``save_pretrained``'s) converted;
   ``generate_greedy``: greedy decoding with a converted causal LM.
 - ``save_safetensors`` / ``load_safetensors``: the safetensors file format, without torch.
@@ -36,9 +38,9 @@ from funcnet.interop.trace.modules import convert
 from funcnet.interop.optim.convert import convert_optimizer
 from funcnet.interop.trace.registry import SUPPORTED_MODULES, ConversionError
 from funcnet.interop.source.write import to_source
-from funcnet.interop.trace.signature import shape_guard
+from funcnet.interop.trace.signature import shape_guard, size_check
 from funcnet.interop.weights.state_dict import from_torch, from_torch_with_state, to_torch
 
 __all__ = ["from_torch", "from_torch_with_state", "to_torch", "convert", "to_source", "save_safetensors",
            "load_safetensors", "SUPPORTED_MODULES", "ConversionError", "convert_optimizer", "from_pretrained",
-           "generate_greedy", "shape_guard"]
+           "generate_greedy", "shape_guard", "size_check"]

@@ -18,6 +18,7 @@ import ast
 import dataclasses
 import inspect
 import keyword
+import os
 import re
 from typing import Callable
 
@@ -29,6 +30,7 @@ from funcnet.interop.trace.vmap import vmap_call, vmap_def
 from funcnet.interop.source.loops import reroll, write_loop
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
+_GUARDS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # names the generated module uses itself, and names ruff refuses (E741)
 RESERVED = {"self", "jnp", "jax", "nn", "F", "ops", "np", "l", "I", "O", "block", *keyword.kwlist}
 _SIZES = {"Tensor.size", "Tensor.shape", "Tensor.dim", "Tensor.ndim", "Tensor.numel", "Tensor.ndimension",
@@ -147,6 +149,7 @@ class _Body:
     def _live(self) -> set:
         todo = [r.node for r in _refs(self.output)] + [r.node for r in _refs(list(self.state.values()))]
         todo += [n for n, node in enumerate(self.nodes) if node.kind == "child" and node.target in self.ctx.stateful]
+        todo += [n for n, node in enumerate(self.nodes) if node.kind == "guard"]  # a branch on sizes: checked
         live = set()
         while todo:
             n = todo.pop()
@@ -208,6 +211,12 @@ class _Body:
             self.stmts.append((lines, [fn]))
         if node.kind == "loop":
             self._rolled(n)
+            return
+        if node.kind == "guard":  # the torch code branched on sizes here: the port holds where it took this branch
+            a, b = (self.expr(v) for v in self.args[n])
+            condition = f"{a} {_GUARDS[node.target]} {b}"
+            where = f"{os.path.basename(node.where.rsplit(':', 1)[0])}:{node.where.rsplit(':', 1)[-1]}"
+            self.stmts.append(([f"size_check({condition}, {condition!r}, {where!r})"], []))
             return
         names = self.g.names
         paths = self.uses.get(n, [])

@@ -152,7 +152,7 @@ def _rewrite(graph: Graph, s: int, refs: list, b: int, k: int, n: int):
     templates = []
     for j in range(k):
         first = nodes[b + j]
-        if first.kind not in ("op", "child", "dim"):
+        if first.kind not in ("op", "child", "dim", "guard"):
             raise _NoMatch
         template = None
         for i in range(1, n):

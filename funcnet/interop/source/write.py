@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 
 from funcnet.interop.trace.modules import _listed
 from funcnet.interop.trace.registry import ConversionError, _container_base, _match, _own_tensors, _registry
@@ -167,8 +168,9 @@ def _imports(code: str) -> str:
     if "jnp." in code:
         lines.append("import jax.numpy as jnp")
     lines.append("from funcnet import nn")  # one block: funcnet is a third-party package to the port
-    if "ops." in code:
-        lines.append("from funcnet.interop import ops")
+    interop = [name for name, used in (("ops", "ops." in code), ("size_check", "size_check(" in code)) if used]
+    if interop:
+        lines.append(f"from funcnet.interop import {', '.join(interop)}")
     if "F." in code:
         lines.append("from funcnet.nn import functional as F")
     return "\n".join(lines) + "\n"
@@ -288,10 +290,13 @@ def _free_axes(module, args: tuple, kwargs: dict, registry, recording) -> tuple[
 
 def _keys(recording, rolled: bool = True) -> dict:
     """The eval-mode programs of a recording, by module (the sizes' use is checked in eval mode alone); ``rolled``:
-    as written with its loops over a size rerolled (funcnet/interop/source/loops.py), one more step the same program."""
+    as written with its loops over a size rerolled (funcnet/interop/source/loops.py), one more step the same program.
+    Comparisons of sizes (guards) are left out: the port checks each one where it was made (``size_check``), so a
+    size compared is still a size the port reads from its input."""
     from funcnet.interop.source.loops import reroll
+    from funcnet.interop.trace.graph import without_guards
 
-    return {k: [(reroll(g) if rolled else g).key() for g in by_mode.get("eval", [])]
+    return {k: [(reroll(g) if rolled else g).key() for g in map(without_guards, by_mode.get("eval", []))]
             for k, by_mode in recording.graphs.items()}
 
 
@@ -340,8 +345,10 @@ def _guarded(source: str, module, args: tuple, kwargs: dict, free: tuple) -> str
     if len(line) > WIDTH:
         line = f"@shape_guard(\n    {describe(loose)!r},\n    names={used!r},\n)\n"
     source = source.replace(f"\ndef {name}(", f"\n{line}def {name}(", 1)
-    if "from funcnet.interop import ops\n" in source:
-        return source.replace("from funcnet.interop import ops\n", "from funcnet.interop import ops, shape_guard\n", 1)
+    found = re.search(r"^from funcnet\.interop import (.*)$", source, flags=re.M)
+    if found:
+        names = sorted([*found.group(1).split(", "), "shape_guard"], key=lambda n: (n != "ops", n))
+        return source[:found.start(1)] + ", ".join(names) + source[found.end(1):]
     return source.replace("from funcnet import nn\n", "from funcnet import nn\nfrom funcnet.interop import shape_guard\n", 1)
 
 

@@ -101,6 +101,38 @@ class Dim(int):
     def __mod__(self, o): return self._op(o, operator.mod, "mod") if isinstance(o, int) else NotImplemented
     def __neg__(self): return self._op(-1, operator.mul, "mul")
 
+    def _compare(self, other, op: str):
+        """``self <op> other`` as a plain bool; where model code compares a size (``if window >=
+        x.shape[1]``), the condition that held is recorded as a ``guard`` node, so the replay and
+        ``to_source``'s port check it on every input instead of keeping the branch taken here."""
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        held = _COMPARE[op](int(self), int(other))
+        frame = self.frame
+        skip = getattr(frame.recorder, "skip", None)
+        if not frame.active or skip is None or (isinstance(other, Dim) and other.frame is not frame):
+            return held
+        caller = sys._getframe(2)
+        if not is_model_code(os.path.abspath(caller.f_code.co_filename), skip):
+            return held
+        kept = op if held else _NEGATED[op]
+        frame.add(Node("guard", kept, (frame.arg(self), frame.arg(other)),
+                       where=f"{os.path.abspath(caller.f_code.co_filename)}:{caller.f_lineno}"))
+        return held
+
+    def __lt__(self, o): return self._compare(o, "lt")
+    def __le__(self, o): return self._compare(o, "le")
+    def __gt__(self, o): return self._compare(o, "gt")
+    def __ge__(self, o): return self._compare(o, "ge")
+    def __eq__(self, o): return self._compare(o, "eq")
+    def __ne__(self, o): return self._compare(o, "ne")
+    __hash__ = int.__hash__
+
+
+_COMPARE = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
+            "ne": operator.ne}
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
 
 @dataclasses.dataclass
 class Frame:

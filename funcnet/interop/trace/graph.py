@@ -41,8 +41,10 @@ class Training(NamedTuple):
 class Node:
     """One recorded value: an input, parameter, buffer, constant, op result, size or child-module call."""
 
-    kind: str  # "input" | "param" | "buffer" | "const" | "op" | "dim" | "child"
-    target: Any  # input (name, path) | dotted param/buffer path | value | op name | operator name | child path
+    kind: str  # "input" | "param" | "buffer" | "const" | "op" | "dim" | "child" | "guard"
+    # input (name, path) | dotted param/buffer path | value | op name | operator name | child path | comparison
+    # ("lt", "ge", ...: a guard is a comparison of sizes the model's code made, as it held when recorded)
+    target: Any
     args: tuple = ()
     kwargs: dict = dataclasses.field(default_factory=dict)
     no_grad: bool = False  # recorded under torch.no_grad(): its value gets no gradient
@@ -97,6 +99,33 @@ def _frozen(value):
         return value
     except TypeError:
         return repr(value)
+
+
+def without_guards(graph: Graph) -> Graph:
+    """``graph`` without its ``guard`` nodes (no node reads one), every reference renumbered."""
+    kept = [n for n, node in enumerate(graph.nodes) if node.kind != "guard"]
+    if len(kept) == len(graph.nodes):
+        return graph
+    new = {old: i for i, old in enumerate(kept)}
+
+    def moved(tree):
+        if isinstance(tree, Ref):
+            return Ref(new[tree.node], tree.path)
+        if isinstance(tree, Slice):
+            return Slice(*(moved(v) for v in tree))
+        if isinstance(tree, Training):
+            return tree
+        if isinstance(tree, (tuple, list)):
+            return type(tree)(moved(v) for v in tree)
+        if isinstance(tree, dict):
+            return {k: moved(v) for k, v in tree.items()}
+        return tree
+
+    nodes = [dataclasses.replace(graph.nodes[n], args=moved(graph.nodes[n].args), kwargs=moved(graph.nodes[n].kwargs))
+             for n in kept]
+    return dataclasses.replace(graph, nodes=nodes, inputs={k: new[v] for k, v in graph.inputs.items()},
+                               output=moved(graph.output), state_out={k: moved(v) for k, v in graph.state_out.items()},
+                               names={moved(r): v for r, v in graph.names.items() if r.node in new})
 
 
 def merge_modes(train: Graph, evaluation: Graph) -> Graph | None:

@@ -23,6 +23,21 @@ from funcnet.interop.trace.vmap import replay_vmap
 
 _DIM_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
             "mod": operator.mod}
+GUARD_OPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
+             "ne": operator.ne}
+GUARD_TEXT = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+_NOT = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+class GuardFailed(ValueError):
+    """A comparison of sizes that held when the forward was recorded does not hold at this call."""
+
+
+def _short(where: str) -> str:
+    """``file.py:line`` of a recorded ``/path/to/file.py:line``."""
+    return where.rsplit("/", 1)[-1] or "?"
 
 
 def child_of(self, path: str):
@@ -42,10 +57,11 @@ def _tensor_of(self, path: str, kind: str):
     return (node.params if kind == "param" else node.state)[leaf]
 
 
-def select(graphs: list[Graph], name: str, args: tuple, kwargs: dict):
-    """The recorded graph whose constant arguments (flags, None, strings) these arguments match,
-    and the bound arguments; a clear error when none does."""
-    seen = []
+def candidates(graphs: list[Graph], name: str, args: tuple, kwargs: dict) -> list:
+    """``[(graph, bound)]``: every recorded graph whose constant arguments (flags, None, strings)
+    these arguments match, in recording order (the replay takes the first whose size guards
+    hold); a clear error when none does."""
+    seen, found = [], []
     for g in graphs:
         try:
             bound = g.signature.bind(*args, **kwargs)
@@ -59,8 +75,11 @@ def select(graphs: list[Graph], name: str, args: tuple, kwargs: dict):
                 value = value[p] if value is not _MISSING else value
             got[(arg, path)] = as_replayed(value)  # dtype=torch.float32 given by the caller
         if all(_same(got[k], v) for k, v in g.constants.items()) and _has_inputs(g, bound):
-            return g, bound
-        seen.append({".".join(map(str, (a, *p))): v for (a, p), v in g.constants.items()})
+            found.append((g, bound))
+        else:
+            seen.append({".".join(map(str, (a, *p))): v for (a, p), v in g.constants.items()})
+    if found:
+        return found
     raise ValueError(f"{name}: called with arguments that take a path the tracing did not see; the recorded calls "
                      f"had {seen}; convert with example inputs that take this path (or use the arguments traced)")
 
@@ -133,6 +152,15 @@ def run(graph: Graph, self, bound, lookup) -> Any:
             env.append(value(node.target))
         elif node.kind == "dim":
             env.append(_DIM_OPS[node.target](*value(node.args)))
+        elif node.kind == "guard":
+            a, b = value(node.args)
+            if not GUARD_OPS[node.target](a, b):
+                op, negated = GUARD_TEXT[node.target], GUARD_TEXT[_NOT[node.target]]
+                raise GuardFailed(f"the model's code at {_short(node.where)} compares sizes and took its branch where "
+                                  f"the left side {op} the right; here {a} {negated} {b}, so the recorded forward does "
+                                  f"not hold: record the module again at these input sizes (interop.convert does "
+                                  f"it per input signature)")
+            env.append(None)
         elif node.kind == "child":
             env.append(child_of(self, node.target)(*value(node.args), **value(node.kwargs)))
         elif node.kind == "vmap":  # torch.vmap(func): jax.vmap of func's recorded body
@@ -161,7 +189,13 @@ def forward_of(graphs: dict, name: str, lookup):
         if not graphs.get(mode):
             raise ValueError(f"{name} was not called in {mode} mode when tracing, so it has no recorded forward "
                              f"there")
-        graph, bound = select(graphs[mode], name, args, kwargs)
+        found = candidates(graphs[mode], name, args, kwargs)
+        for graph, bound in found[:-1]:  # a module recorded at several sizes that took another path at each
+            try:
+                return run(graph, self, bound, lookup)
+            except GuardFailed:
+                continue
+        graph, bound = found[-1]
         return run(graph, self, bound, lookup)
 
     forward.__qualname__ = forward.__name__ = name

@@ -14,6 +14,9 @@ one that does not is refused.
 
 ``shape_guard`` is the other half of the rule, for a model with no torch module at hand
 (a ``to_source`` port): it refuses a signature other than the traced one in one line.
+``size_check`` is the same rule inside a port's code: where the torch code compared sizes
+(``if window >= x.shape[1]``), the port keeps the branch taken and checks that its
+condition still holds on every call.
 """
 
 from __future__ import annotations
@@ -243,3 +246,25 @@ def shape_guard(signature: str, names: tuple = ()):
         return guarded
 
     return decorate
+
+
+def size_check(holds: bool, condition: str, where: str) -> None:
+    """The line a ``to_source`` port writes where the torch code compared sizes and branched:
+    the port holds where ``condition`` (its text, ``"x.shape[1] <= 4"``) holds, the branch
+    the torch code took at ``where`` (``file.py:line``) when the port was written; a call where
+    it does not is refused in one line. Sizes are static under ``jax.jit``, so ``holds`` is a
+    Python bool there too.
+
+    Examples:
+        >>> from funcnet.interop import size_check
+        >>> size_check(3 <= 4, "x.shape[1] <= 4", "model.py:12")
+        >>> size_check(5 <= 4, "x.shape[1] <= 4", "model.py:12")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: this port was written where x.shape[1] <= 4, the branch the torch code at model.py:12 took ...
+    """
+    if not holds:
+        raise ValueError(f"this port was written where {condition}, the branch the torch code at {where} took when "
+                         f"it was written; at this call it does not hold: write it again from the torch module at "
+                         f"these shapes (interop.to_source(module, x) or funcnet port), or use "
+                         f"interop.convert(module, x), which records each new input signature")
