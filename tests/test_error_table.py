@@ -188,9 +188,10 @@ def make_context(root: Path) -> Context:
 # ---- the OK cases' extra checks and the calls that need more than one line ------------------
 
 def _notes_the_branch(ctx, out):
-    assert out == (f"wrote {ctx['out']}/shp_port.py (10 lines); note: forward branches on a shape at shp.py:10 "
-                   f"(x.shape[0] > 2): the port keeps the branch that --input-shape 4,4 took, so check it on the "
-                   f"other shapes it will see\n"), out
+    assert out == (f"wrote {ctx['out']}/shp_port.py (12 lines); note: forward branches on a shape at shp.py:10 "
+                   f"(x.shape[0] > 2): the port keeps the branch that --input-shape 4,4 took and refuses, in one "
+                   f"line (size_check), a call that would take another\n"), out
+    assert "size_check(x.shape[0] > 2, 'x.shape[0] > 2', 'shp.py:10')" in Path(ctx["out"], "shp_port.py").read_text()
 
 
 def _greedy_text(ctx):
