@@ -240,11 +240,6 @@ def test_the_converter_zoo_run_checked_every_model_at_other_shapes_and_nothing_c
                                 for g, members in zoo.GROUPS.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="the saved run has two WRONG inputs: tv/swin_t at 128 px, whose to_source port "
-                   "(written at 64 px, checked generic one size larger) is 9.0e-2 from torch while the converted model "
-                   "matches; timm/rexnet_100 at 96 px, its float32 gradients 6.2e-4 from torch's (ours 1.8e-3 from "
-                   "float64, torch's float32 1.9e-3) and its float64 conversion 8.4e-12 from torch's, past the rule's "
-                   "float64 bound 4.6e-12 (docs/design.md)")
 def test_the_converter_zoo_run_has_no_wrong_input():
     """No input of the zoo's saved run is WRONG (a silent error)."""
     _, _, rows = _zoo()
