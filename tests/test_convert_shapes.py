@@ -196,6 +196,23 @@ class Shared(torch.nn.Module):
         return self.block(x[:, :3]).sum(1) + self.block(x).mean(1)
 
 
+def test_a_size_compared_with_a_float_is_checked_too():
+    class Half(torch.nn.Module):
+        def forward(self, x):
+            return x * 2 if x.shape[1] > 4.5 else x - 1  # a float threshold (0.5 * a length, say)
+
+    module = Half().double()
+    with jax.enable_x64(True):
+        source = interop.to_source(module, _x(2, 3, 0))
+        assert "size_check(x.shape[1] <= 4.5, 'x.shape[1] <= 4.5'" in source, source
+        port = _exec(source, "Half")
+        x = _x(2, 4, 1)
+        got = np.asarray(port.apply({}, jnp.asarray(x.numpy())))
+        assert np.abs(got - module(x).numpy()).max() == 0
+        with pytest.raises(ValueError, match="where x.shape"):
+            port.apply({}, jnp.asarray(_x(2, 5, 2).numpy()))
+
+
 def test_a_child_recorded_at_two_sizes_replays_the_recording_whose_comparisons_hold_at_each_call():
     # both recordings of the child take the same arguments: only its comparison of sizes tells them apart
     # (the first recording, replayed on the long input, gave numbers 0.6 off)

@@ -105,9 +105,9 @@ class Dim(int):
         """``self <op> other`` as a plain bool; where model code compares a size (``if window >=
         x.shape[1]``), the condition that held is recorded as a ``guard`` node, so the replay and
         ``to_source``'s port check it on every input instead of keeping the branch taken here."""
-        if isinstance(other, bool) or not isinstance(other, int):
+        if isinstance(other, bool) or not isinstance(other, (int, float)):
             return NotImplemented
-        held = _COMPARE[op](int(self), int(other))
+        held = _COMPARE[op](int(self), other if isinstance(other, float) else int(other))
         frame = self.frame
         skip = getattr(frame.recorder, "skip", None)
         if not frame.active or skip is None or (isinstance(other, Dim) and other.frame is not frame):
