@@ -291,12 +291,11 @@ def run(argv: Sequence[str]) -> str:
     branches = _shape_branches(module)
     if branches:
         more = f" (and {len(branches) - 1} more)" if len(branches) > 1 else ""
-        if "size_check(" in source:  # the comparison was recorded: the port checks it on every call
-            summary += (f"; note: forward branches on a shape at {branches[0]}{more}: the port keeps the branch "
-                        f"that {shapes} took and refuses, in one line (size_check), a call that would take another")
-        else:  # a branch on a size's truth (if x.shape[0]:) records no comparison
-            summary += (f"; note: forward branches on a shape at {branches[0]}{more}: the port keeps the branch "
-                        f"that {shapes} took, so check it on the other shapes it will see")
+        # a comparison of sizes is recorded and checked by the port; a branch on a size's truth (if x.shape[0]:) is not
+        then = (" and refuses, in one line (size_check), a call that would take another" if "size_check(" in source
+                else ", so check it on the other shapes it will see")
+        summary += f"; note: forward branches on a shape at {branches[0]}{more}: the port keeps the branch that " \
+                   f"{shapes} took{then}"
     return summary
 
 

@@ -23,14 +23,13 @@ import re
 from typing import Callable
 
 
-from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
+from funcnet.interop.trace.graph import GUARD_TEXT, Graph, Ref, Slice, Training
 from funcnet.interop.source.text import (_is_self_assign, _is_tuple_literal, _same_for_each, atom, child_expr, index,
                                          is_name, literal, own_expr)
 from funcnet.interop.trace.vmap import vmap_call, vmap_def
 from funcnet.interop.source.loops import reroll, write_loop
 
 _DIM_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "mod": "%"}
-_GUARDS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 # names the generated module uses itself, and names ruff refuses (E741)
 RESERVED = {"self", "jnp", "jax", "nn", "F", "ops", "np", "l", "I", "O", "block", *keyword.kwlist}
 _SIZES = {"Tensor.size", "Tensor.shape", "Tensor.dim", "Tensor.ndim", "Tensor.numel", "Tensor.ndimension",
@@ -214,9 +213,8 @@ class _Body:
             return
         if node.kind == "guard":  # the torch code branched on sizes here: the port holds where it took this branch
             a, b = (self.expr(v) for v in self.args[n])
-            condition = f"{a} {_GUARDS[node.target]} {b}"
-            where = f"{os.path.basename(node.where.rsplit(':', 1)[0])}:{node.where.rsplit(':', 1)[-1]}"
-            self.stmts.append(([f"size_check({condition}, {condition!r}, {where!r})"], []))
+            condition = f"{a} {GUARD_TEXT[node.target]} {b}"
+            self.stmts.append(([f"size_check({condition}, {condition!r}, {os.path.basename(node.where)!r})"], []))
             return
         names = self.g.names
         paths = self.uses.get(n, [])

@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from funcnet.interop.trace.graph import Node, Ref, Slice, structure
+from funcnet.interop.trace.graph import GUARD_NEGATED, GUARD_OPS, Node, Ref, Slice, structure
 from funcnet.interop.weights.state_dict import _to_numpy
 
 
@@ -107,17 +107,17 @@ class Dim(int):
         ``to_source``'s port check it on every input instead of keeping the branch taken here."""
         if isinstance(other, bool) or not isinstance(other, (int, float)):
             return NotImplemented
-        held = _COMPARE[op](int(self), other if isinstance(other, float) else int(other))
+        held = GUARD_OPS[op](int(self), other if isinstance(other, float) else int(other))
         frame = self.frame
         skip = getattr(frame.recorder, "skip", None)
         if not frame.active or skip is None or (isinstance(other, Dim) and other.frame is not frame):
             return held
         caller = sys._getframe(2)
-        if not is_model_code(os.path.abspath(caller.f_code.co_filename), skip):
+        path = os.path.abspath(caller.f_code.co_filename)
+        if not is_model_code(path, skip):
             return held
-        kept = op if held else _NEGATED[op]
-        frame.add(Node("guard", kept, (frame.arg(self), frame.arg(other)),
-                       where=f"{os.path.abspath(caller.f_code.co_filename)}:{caller.f_lineno}"))
+        frame.add(Node("guard", op if held else GUARD_NEGATED[op], (frame.arg(self), frame.arg(other)),
+                       where=f"{path}:{caller.f_lineno}"))
         return held
 
     def __lt__(self, o): return self._compare(o, "lt")
@@ -127,11 +127,6 @@ class Dim(int):
     def __eq__(self, o): return self._compare(o, "eq")
     def __ne__(self, o): return self._compare(o, "ne")
     __hash__ = int.__hash__
-
-
-_COMPARE = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
-            "ne": operator.ne}
-_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
 
 @dataclasses.dataclass

@@ -10,6 +10,7 @@ positions) when it is a tuple. Constants are kept by value.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -99,6 +100,13 @@ def _frozen(value):
         return value
     except TypeError:
         return repr(value)
+
+
+# a guard node's target: the comparison that held when recorded, its Python operator and text, and its negation
+GUARD_OPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
+             "ne": operator.ne}
+GUARD_TEXT = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+GUARD_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
 
 def without_guards(graph: Graph) -> Graph:

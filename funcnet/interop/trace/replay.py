@@ -11,6 +11,7 @@ as new state (``self.<buffer> = new``).
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 import jax
@@ -18,26 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from funcnet.interop.trace.frame import as_replayed
-from funcnet.interop.trace.graph import Graph, Ref, Slice, Training
+from funcnet.interop.trace.graph import GUARD_NEGATED, GUARD_OPS, GUARD_TEXT, Graph, Ref, Slice, Training
 from funcnet.interop.trace.vmap import replay_vmap
 
 _DIM_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
             "mod": operator.mod}
-GUARD_OPS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
-             "ne": operator.ne}
-GUARD_TEXT = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
-
-
-_NOT = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
 
 
 class GuardFailed(ValueError):
     """A comparison of sizes that held when the forward was recorded does not hold at this call."""
-
-
-def _short(where: str) -> str:
-    """``file.py:line`` of a recorded ``/path/to/file.py:line``."""
-    return where.rsplit("/", 1)[-1] or "?"
 
 
 def child_of(self, path: str):
@@ -155,8 +145,8 @@ def run(graph: Graph, self, bound, lookup) -> Any:
         elif node.kind == "guard":
             a, b = value(node.args)
             if not GUARD_OPS[node.target](a, b):
-                op, negated = GUARD_TEXT[node.target], GUARD_TEXT[_NOT[node.target]]
-                raise GuardFailed(f"the model's code at {_short(node.where)} compares sizes and took its branch where "
+                op, negated = GUARD_TEXT[node.target], GUARD_TEXT[GUARD_NEGATED[node.target]]
+                raise GuardFailed(f"the model's code at {os.path.basename(node.where)} compares sizes and took its branch where "
                                   f"the left side {op} the right; here {a} {negated} {b}, so the recorded forward does "
                                   f"not hold: record the module again at these input sizes (interop.convert does "
                                   f"it per input signature)")
