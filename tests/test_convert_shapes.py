@@ -217,11 +217,12 @@ def test_a_child_recorded_at_two_sizes_replays_the_recording_whose_comparisons_h
     # both recordings of the child take the same arguments: only its comparison of sizes tells them apart
     # (the first recording, replayed on the long input, gave numbers 0.6 off)
     module = Shared().double()
-    x = _x(2, 6, 0)
     with jax.enable_x64(True):
-        model, params, _ = interop.convert(module, x)
-        got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
-    assert np.abs(got - module(x).numpy()).max() <= 1e-14
+        model, params, _ = interop.convert(module, _x(2, 6, 0))
+        for batch, length in ((2, 6), (3, 9)):  # fresh inputs: the traced signature, and one recorded when met
+            x = _x(batch, length, 20 + length)
+            got = np.asarray(model.apply(params, jnp.asarray(x.numpy())))
+            assert np.abs(got - module(x).numpy()).max() <= 1e-14, (batch, length)
 
 
 class FirstThree(torch.nn.Module):
