@@ -147,7 +147,6 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--quick", action="store_true", help="a smoke run: tiny shapes and model, one round")
     args = parser.parse_args(argv)
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     import torch
 
     torch.set_num_threads(1)
@@ -181,4 +180,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from funcnet import profile
+
+    profile.one_core()  # one core for JAX as for torch, before JAX starts (a caller's process keeps its own)
     sys.exit(main())

@@ -76,7 +76,6 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -124,4 +123,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+    from funcnet import profile
+
+    profile.one_core()  # one core for XLA (before JAX starts), as its dots are compared one thread each
     sys.exit(main())

@@ -242,7 +242,9 @@ def main(argv=None) -> int:
     if args.cpu_time:
         CLOCK[0] = time.process_time
     if args.single_thread:
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        from funcnet import profile
+
+        profile.one_core()  # JAX and torch on one core, before JAX starts
     if args.baseline:
         if len(args.baseline) > 2:
             parser.error(f"--baseline takes a conv_strategy.py and optionally a conv_depthwise.py, "

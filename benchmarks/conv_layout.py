@@ -327,7 +327,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-time", action="store_true")
     args = parser.parse_args(argv)
     if args.single_thread:
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        from funcnet import profile
+
+        profile.one_core()  # JAX and torch on one core, before JAX starts
     import conv
     import torch
     from rich.console import Console

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -239,6 +238,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # one thread for XLA as for torch; set before JAX starts (a caller's process keeps its own)
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+    # one core for XLA as for torch, before JAX starts (a caller's process keeps its own)
+    from funcnet import profile
+
+    profile.one_core()
     sys.exit(main())

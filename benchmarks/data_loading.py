@@ -162,8 +162,9 @@ def main(argv=None) -> int:
     import torch
 
     if args.single_thread:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false")
+        from funcnet import profile
+
+        profile.one_core()  # before JAX's first computation, below
         torch.set_num_threads(1)
     from rich.console import Console
     from rich.table import Table

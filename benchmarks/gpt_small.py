@@ -318,7 +318,9 @@ def main(argv=None) -> int:
     if args.cpu_time:
         CLOCK[0] = time.process_time
     if args.single_thread:
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+        from funcnet import profile
+
+        profile.one_core()  # JAX and torch on one core, before JAX starts
     import jax
     import torch
     from rich.console import Console

@@ -556,9 +556,7 @@ def main(argv=None) -> int:
     import torch
 
     if args.single_thread:
-        # read when XLA's CPU client starts, at the first computation below
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_cpu_multi_thread_eigen=false")
+        profile.one_core()  # before XLA's CPU client starts, at the first computation below
         torch.set_num_threads(1)
     console = Console(width=max(Console().width, 230))
     load_before = os.getloadavg()

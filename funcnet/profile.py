@@ -25,6 +25,7 @@ Examples:
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Timer", "timed", "Benchmark", "benchmark", "trace", "flops", "matmul_peak"]
+__all__ = ["Timer", "timed", "Benchmark", "benchmark", "trace", "flops", "matmul_peak", "one_core"]
 
 
 class Timer:
@@ -170,3 +171,39 @@ def matmul_peak(n: int = 1024, dtype: Any = jnp.float32, *, repeat: int = 5, num
     b = jax.random.normal(keys[1], (n, n), dtype)
     result = benchmark(jax.jit(jnp.matmul), a, b, warmup=2, repeat=repeat, number=number)
     return 2.0 * n**3 / result.min
+
+
+def one_core() -> int:
+    """Confine this process (JAX, torch and every thread they start later) to one CPU core,
+    for a one-core-a-side comparison; returns the core. Call it before JAX's first
+    computation.
+
+    ``--xla_cpu_multi_thread_eigen=false`` (also set here) does not make XLA:CPU single-threaded:
+    its runtime still runs independent operations of a program side by side on a thread pool
+    of one thread per core, and its convolution library waits for them on that pool. On a
+    2-core machine a train step then takes about half its CPU time in wall time, and the CPU
+    time includes the pool's waiting (MobileNetV3-Small's step at 224 px: 189-247 ms of CPU in
+    104-140 ms of wall, 175 ms on one core), so neither clock says what one core does.
+    torch's counterpart is ``torch.set_num_threads(1)``, which it still needs (its thread pool
+    is not sized by the core count alone). Linux only (``os.sched_setaffinity``)."""
+    if not hasattr(os, "sched_setaffinity"):
+        raise RuntimeError("one_core: this platform has no os.sched_setaffinity (Linux only); "
+                           "run the benchmark without its one-core option here")
+    from jax._src import xla_bridge
+
+    started = getattr(xla_bridge, "backends_are_initialized", lambda: False)()
+    if started:
+        raise RuntimeError("one_core: JAX's CPU backend has already started its thread pool; call profile.one_core() before the first "
+                           "JAX computation (before jax.devices(), jnp.ones(...), ...)")
+    core = min(os.sched_getaffinity(0))
+    # a thread started before this call (by an import) keeps its own mask: set every thread's
+    tasks = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]
+    for tid in tasks:
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except ProcessLookupError:  # the thread has ended since the listing
+            pass
+    flag = "--xla_cpu_multi_thread_eigen=false"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+    return core

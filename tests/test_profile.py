@@ -1,6 +1,10 @@
 """funcnet.profile: timers wait for results, benchmark statistics, traces, flop counts."""
 
+import ast
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -116,3 +120,40 @@ def test_benchmark_rejects_bad_counts(kwargs, match):
 def test_matmul_peak_rejects_bad_size():
     with pytest.raises(ValueError, match=r"n.*>= 1.*0"):
         profile.matmul_peak(0)
+
+
+_ONE_CORE = """
+import os, sys, time
+from funcnet import profile
+core = profile.one_core()
+import jax, jax.numpy as jnp
+x = jnp.ones((384, 384))
+f = jax.jit(lambda x: [jnp.tanh(x @ x + i) for i in range(16)])  # independent ops XLA may run side by side
+jax.block_until_ready(f(x))
+cpu, wall = time.process_time(), time.perf_counter()
+for _ in range(5):
+    jax.block_until_ready(f(x))
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+masks = set()
+for tid in os.listdir("/proc/self/task"):
+    status = open(f"/proc/self/task/{tid}/status").read()
+    masks.add(status.split("Cpus_allowed_list:")[1].split()[0])
+try:
+    profile.one_core()
+    late = "no error"
+except RuntimeError as e:
+    late = str(e)
+print(repr((core, sorted(masks), cpu, wall, late)))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="threads' CPU masks are read from Linux's /proc")
+def test_one_core_confines_every_thread_jax_starts_and_refuses_once_jax_has_started():
+    # in a child: the pin would confine this test worker for the rest of its tests
+    out = subprocess.run([sys.executable, "-c", _ONE_CORE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "XLA_FLAGS": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    core, masks, cpu, wall, late = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert masks == [str(core)]  # JAX's pool threads included (they start after the call)
+    assert cpu <= 1.05 * wall + 0.02  # one core can spend no more CPU time than wall time
+    assert "call profile.one_core() before the first JAX computation" in late
