@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from funcnet.nn.attention import MultiheadAttention
 from funcnet.nn.containers import Composite, ModuleList
 from funcnet.nn.dropout import Dropout
+from funcnet.nn.functional.activation import gelu
 from funcnet.nn.linear import Linear
 from funcnet.nn.module import Module, describe
 from funcnet.nn.norm import LayerNorm
@@ -131,7 +132,7 @@ def TransformerEncoderLayer(
 
 
 def _exact_gelu(x):
-    return jax.nn.gelu(x, approximate=False)
+    return gelu(x)
 
 
 def _activation_name(activation, act) -> str:

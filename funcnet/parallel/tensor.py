@@ -69,6 +69,7 @@ from jax.sharding import PartitionSpec as P
 
 from funcnet import losses as _losses
 from funcnet import step as _step
+from funcnet.nn.functional.activation import gelu
 
 __all__ = [
     "AXES",
@@ -437,7 +438,7 @@ def mlp_shard_map(mesh: Mesh) -> Callable:
 
     def local(params, x):
         h = x @ params["c_fc"]["weight"].T + params["c_fc"]["bias"]
-        h = jax.nn.gelu(h, approximate=False)
+        h = gelu(h)  # the GPT's nn.GELU()
         partial_sum = h @ params["c_proj"]["weight"].T  # this device's share of every output
         return jax.lax.psum(partial_sum, "model") + params["c_proj"]["bias"]
 

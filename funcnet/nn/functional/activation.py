@@ -95,10 +95,59 @@ def hardswish(input, inplace: bool = False):
 def gelu(input, approximate: str = "none"):
     """x * Phi(x), exact (erf) by default, ``approximate="tanh"`` for GPT-2's form.
 
-    (``jax.nn.gelu`` defaults to the tanh form; this defaults to torch's.)"""
+    (``jax.nn.gelu`` defaults to the tanh form; this defaults to torch's.) The exact form in
+    float32 is torch's formula, ``x / 2 * (1 + erf(x / sqrt(2)))``, with ``erf`` evaluated by
+    ``_erf32`` and torch's derivative ``Phi(x) + x * phi(x)`` (``_gelu32``); other dtypes go
+    through ``jax.nn.gelu``."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")
-    return jax.nn.gelu(jnp.asarray(input), approximate=approximate == "tanh")
+    x = jnp.asarray(input)
+    if approximate == "none" and x.dtype == jnp.float32:
+        return _gelu32(x)
+    return jax.nn.gelu(x, approximate=approximate == "tanh")
+
+
+# erf(x) ~ x * P(x^2) / Q(x^2) on [-4, 4] (+-1 in float32 beyond): the float32 rational
+# approximation that Eigen's and XLA's own erf evaluate, highest power first
+_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+          -1.42647390514189e-02)
+
+
+def _erf32(x):
+    """float32 erf as plain multiply-adds and one division: XLA:CPU's own ``erf`` (the same
+    approximation, within 3.0e-7 of float64; this one 3.3e-7) took 2.6x the time on one core
+    (8x160x56x56: 3.2 against 1.24 ms), and the exact GELU through ``jax.nn.gelu``'s ``erfc``
+    4.6 against 1.7 ms (torch 2.0-2.6)."""
+    x = jnp.clip(x, -4.0, 4.0)
+    x2 = x * x
+    p = jnp.full_like(x2, _ERF_P[0])
+    for c in _ERF_P[1:]:
+        p = p * x2 + np.float32(c)
+    q = jnp.full_like(x2, _ERF_Q[0])
+    for c in _ERF_Q[1:]:
+        q = q * x2 + np.float32(c)
+    return x * p / q
+
+
+@jax.custom_jvp
+def _gelu32(x):
+    return x * _gelu_cdf(x)
+
+
+def _gelu_cdf(x):
+    return np.float32(0.5) * (np.float32(1.0) + _erf32(x * np.float32(0.7071067811865476)))
+
+
+@_gelu32.defjvp
+def _gelu32_jvp(primals, tangents):
+    # torch's gelu_backward: Phi(x) + x * phi(x); autodiff of the rational erf's derivative
+    # would be 7e-6 off float64's where this is 2.2e-7 (torch 2.6e-7)
+    (x,), (dx,) = primals, tangents
+    cdf = _gelu_cdf(x)
+    pdf = jnp.exp(np.float32(-0.5) * x * x) * np.float32(0.3989422804014327)
+    return x * cdf, (cdf + x * pdf) * dx
 
 
 def silu(input, inplace: bool = False):
