@@ -214,3 +214,26 @@ def test_float32_exact_gelu_and_its_derivatives_against_float64_and_torch():
     # the rational erf's derivative (not erf's own) enters the second derivative: within 1e-4 of
     # float64's, where the second derivative itself reaches 0.8 (a closed form, not float32 rounding)
     assert np.abs(second - d2).max() < 1e-4, np.abs(second - d2).max()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_exact_gelu_is_within_one_rounding_of_float64(dtype):
+    """bf16/fp16 exact GELU, computed in float32 and rounded to the input's dtype once: on every
+    representable input of [-8, 8] within half a unit in the last place of the dtype (relative
+    2**-8 for bfloat16, 2**-11 for float16) of float64's closed form, plus float32's absolute
+    error in the negative tail (1e-6, where 1 + erf cancels) and float16's subnormal spacing."""
+    from math import sqrt
+
+    from scipy.special import erf
+
+    from funcnet.nn import functional as F
+
+    grid = np.unique(np.asarray(jnp.linspace(-8, 8, 20001).astype(dtype)))
+    x = grid.astype(np.float64)
+    ref = 0.5 * x * (1 + erf(x / sqrt(2)))
+    y = F.gelu(jnp.asarray(grid))
+    assert y.dtype == jnp.dtype(dtype)
+    half_ulp = 2.0**-8 if dtype == "bfloat16" else 2.0**-11
+    bound = half_ulp * np.abs(ref) + 1e-6 + (2.0**-24 if dtype == "float16" else 0.0)
+    err = np.abs(np.asarray(y, np.float64) - ref)
+    assert np.all(err <= bound), (err - bound).max()

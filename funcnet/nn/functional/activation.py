@@ -97,13 +97,15 @@ def gelu(input, approximate: str = "none"):
 
     (``jax.nn.gelu`` defaults to the tanh form; this defaults to torch's.) The exact form in
     float32 is torch's formula, ``x / 2 * (1 + erf(x / sqrt(2)))``, with ``erf`` evaluated by
-    ``_erf32`` and torch's derivative ``Phi(x) + x * phi(x)`` (``_gelu32``); other dtypes go
-    through ``jax.nn.gelu``."""
+    ``_erf32`` and torch's derivative ``Phi(x) + x * phi(x)`` (``_gelu32``), bfloat16 and float16
+    computed in float32 and rounded once; float64 goes through ``jax.nn.gelu``."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' (exact, erf) or 'tanh', got {approximate!r}")
     x = jnp.asarray(input)
     if approximate == "none" and x.dtype == jnp.float32:
         return _gelu32(x)
+    if approximate == "none" and x.dtype in (jnp.bfloat16, jnp.float16):  # in float32, as torch's CPU kernel
+        return _gelu32(x.astype(jnp.float32)).astype(x.dtype)
     return jax.nn.gelu(x, approximate=approximate == "tanh")
 
 
