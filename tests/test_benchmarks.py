@@ -295,3 +295,26 @@ def test_batchnorm_quick_run_checks_every_column_against_torch(tmp_path, capsys)
     broken.write_text(mutated)
     assert _script("batchnorm").main(["--quick", "--baseline", str(broken)]) == 1
     assert "WRONG" in capsys.readouterr().out
+
+
+def test_step_profile_groups_a_traced_step_by_kind_of_kernel(tmp_path):
+    """benchmarks/step_profile.py --quick (in a child: it confines its process to one core): the
+    first losses agree with torch, the traced kernels are grouped into the three kinds, and the
+    kind of a kernel follows from the name XLA gave its fusion."""
+    import subprocess
+    import sys
+
+    kind_of = _script("step_profile").kind_of
+    assert kind_of("ynn_fusion.12") == kind_of("dot.3") == "convolutions and matmuls"
+    assert kind_of("transpose_copy_fusion.30") == kind_of("copy_bitcast_fusion") == kind_of("wrapped_copy.1") \
+        == kind_of("bitcast_copy_fusion.7") == "layout copies"
+    assert kind_of("broadcast_select_fusion") == kind_of("multiply_add_fusion.4") == "elementwise and the rest"
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "step_profile.py"), "--quick", "--model", "mobilenetv3",
+                           "--steps", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert set(result["kernel_ms_by_kind"]) == {"convolutions and matmuls", "layout copies", "elementwise and the rest"}
+    assert result["kernel_ms_by_kind"]["convolutions and matmuls"] > 0 and result["kernel_ms_total"] > 0
+    assert result["top_kernels"] and all(k["kind"] == kind_of(k["name"]) for k in result["top_kernels"])
+    assert result["torch_top_ops"] and result["step_ms"]["funcnet"] > 0 and result["step_ms"]["torch"] > 0
