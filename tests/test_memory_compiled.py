@@ -82,7 +82,7 @@ def _residual_bytes(cfg, batch):
 
 
 def test_the_activations_per_layer_and_sequence_are_what_autodiff_saves():
-    """The planner's no-remat bytes per layer per sequence (28 sbh + 3 as^2b float32 values) against the
+    """The planner's no-remat bytes per layer per sequence (20 sbh + 3 as^2b float32 values) against the
     slope of JAX's saved residuals of funcnet's GPT over layers and batch (tracing only)."""
     cfg = gpt.GPTConfig(block_size=16, vocab_size=64, n_layer=1, n_head=4, n_embd=48)
     saved = {(L, b): _residual_bytes(cfg._replace(n_layer=L), b) for L in (1, 2) for b in (2, 6)}

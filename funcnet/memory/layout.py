@@ -258,9 +258,10 @@ def funcnet_activations(shape: Shape, batch: int, p: int, remat: str = "none", l
     blocks (default all) plus the embedding, the head and the loss, at ``p`` bytes a value.
 
     Without remat what JAX's autodiff saves (``jax.ad_checkpoint.print_saved_residuals``): per layer
-    28 s b h + 3 a s^2 b values, the paper's 16 s b h + a s^2 b (Korthikanti et al. 2022, no dropout) and
-    beside them the GELU's erf and exp terms (8 s b h), the LayerNorms' centred and normalised inputs
-    (4 s b h) and the masked scores and their exp (2 a s^2 b). ``GPT(remat="selective" | "full")`` keeps the
+    20 s b h + 3 a s^2 b values, the paper's 16 s b h + a s^2 b (Korthikanti et al. 2022, no dropout;
+    the GELU keeps its derivative, ``nn.functional.gelu``'s ``custom_jvp``, where the paper counts its
+    input) and beside them the LayerNorms' centred and normalised inputs (4 s b h) and the masked
+    scores and their exp (2 a s^2 b). ``GPT(remat="selective" | "full")`` keeps the
     paper's lists (16 s b h; s b h). Outside the blocks: 2 s b h (the final LayerNorm's input and output) and
     3 s b V float32 values (the logits, their softmax and its gradient)."""
     s, h, a, V = shape.block_size, shape.n_embd, shape.n_head, shape.vocab_size
@@ -271,7 +272,7 @@ def funcnet_activations(shape: Shape, batch: int, p: int, remat: str = "none", l
     elif remat == "selective":
         per_layer = sbh * (16 * p + 2 * mask)
     else:
-        per_layer = 28 * p * sbh + 3 * p * as2b + mask * (2 * sbh + as2b * (p + 1))
+        per_layer = 20 * p * sbh + 3 * p * as2b + mask * (2 * sbh + as2b * (p + 1))
     return L * per_layer + 2 * p * sbh + mask * sbh + 3 * 4 * s * batch * V
 
 
