@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["apart", "float_dtype", "ntuple"]
+__all__ = ["apart", "float_dtype", "gradient_apart", "ntuple"]
 
 
 def float_dtype(dtype=None):
@@ -46,3 +46,31 @@ def apart(body, *operands):
     first = operands[-1].reshape(-1)[0]
     return jax.lax.cond(first == first, body, body, *operands)
 
+
+
+@jax.custom_jvp
+def gradient_apart(x):
+    """``x`` itself, whose tangent (and so, in reverse mode, whose gradient) is computed ``apart``
+    on the CPU backend: a value XLA writes to memory instead of fusing its producer into every
+    consumer. A residual stream's gradient is a sum that grows by one term a layer; XLA:CPU fused
+    that sum into each transposing copy a weight gradient ``g.T @ x`` makes of it, recomputing
+    the terms of every layer above (funcnet's 12-layer GPT-2-small step: 462 against 73 ms of
+    copies). The conditional's predicate reads ``x`` (a primal, so reverse mode can transpose
+    it); both branches multiply by a factor that is 1 at run time (``x == x or x != x``), which
+    XLA cannot fold into an identity (a conditional of identities is simplified away). Exact:
+    values, NaN and infinities pass unchanged. Other backends: the identity."""
+    return x
+
+
+@gradient_apart.defjvp
+def _gradient_apart_jvp(primals, tangents):
+    (x,), (t,) = primals, tangents
+    if jax.default_backend() != "cpu" or x.size == 0:
+        return x, t
+    first = x.reshape(-1)[0]
+    one = ((first == first) | (first != first)).astype(t.dtype)
+
+    def scaled(t):
+        return t * one
+
+    return x, jax.lax.cond(first == first, scaled, scaled, t)
