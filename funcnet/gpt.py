@@ -41,12 +41,11 @@ __all__ = ["GPTConfig", "GPT", "build", "Block", "CausalSelfAttention", "MLP", "
 
 
 class GPTConfig(NamedTuple):
-    """nanoGPT's ``GPTConfig``: ``block_size`` (longest context), ``vocab_size``, ``n_layer``,
-    ``n_head``, ``n_embd`` (``n_embd % n_head == 0``), ``dropout`` (one probability for
-    embeddings, attention weights and residual branches), ``bias`` (biases in Linears and
-    LayerNorms), ``qkv_groups`` (how ``c_attn``'s 3C outputs are packed: g groups of
-    ``[q, k, v]`` for ``n_head / g`` heads each; 1 is nanoGPT's ``[q | k | v]``, g = the
-    tensor-parallel degree puts each device's heads in its contiguous slice, see
+    """nanoGPT's ``GPTConfig``: ``block_size`` (longest context), ``vocab_size``, ``n_layer``, ``n_head``,
+    ``n_embd`` (``n_embd % n_head == 0``), ``dropout`` (one probability for embeddings, attention weights and
+    residual branches), ``bias`` (biases in Linears and LayerNorms), ``qkv_groups`` (how ``c_attn``'s 3C
+    outputs are packed: g groups of ``[q, k, v]`` for ``n_head / g`` heads each; 1 is nanoGPT's
+    ``[q | k | v]``, g = the tensor-parallel degree puts each device's heads in its contiguous slice, see
     ``funcnet.parallel.tensor.pack_qkv``)."""
 
     block_size: int
@@ -184,8 +183,7 @@ def MLP(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
         return self.dropout(x)
 
     return nn.Composite(
-        forward, name=f"MLP(n_embd={n_embd})",
-        c_fc=_linear(n_embd, 4 * n_embd, config.bias, dtype), gelu=nn.GELU(),
+        forward, name=f"MLP(n_embd={n_embd})", c_fc=_linear(n_embd, 4 * n_embd, config.bias, dtype), gelu=nn.GELU(),
         c_proj=_linear(4 * n_embd, n_embd, config.bias, dtype, std=0.02 / math.sqrt(2 * config.n_layer)),
         dropout=nn.Dropout(config.dropout))
 
@@ -193,14 +191,10 @@ def MLP(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
 def Block(config: GPTConfig, *, dtype=jnp.float32) -> nn.Module:
     """nanoGPT's pre-LN ``Block``: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
-    def forward(self, x):
-        # the residual stream's gradient written to memory once a sublayer (gradient_apart): XLA:CPU
-        # otherwise fused the sum accumulating it into each weight gradient's transposing copy,
-        # recomputing the layers above (12 layers: 462 against 73 ms of copies a step)
-        x = gradient_apart(x)
-        x = x + self.attn(self.ln_1(checkpoint_name(x, "ln_1_in")))
-        x = gradient_apart(x)
-        x = x + self.mlp(self.ln_2(checkpoint_name(x, "ln_2_in")))
+    def forward(self, x):  # gradient_apart: the residual gradient written to memory once a sublayer
+        for ln, sublayer, name in ((self.ln_1, self.attn, "ln_1_in"), (self.ln_2, self.mlp, "ln_2_in")):
+            x = gradient_apart(x)
+            x = x + sublayer(ln(checkpoint_name(x, name)))
         return x
 
     return nn.Composite(
