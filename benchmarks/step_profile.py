@@ -114,17 +114,8 @@ def main(argv=None) -> int:
     def ours():
         return step(state, data)[1]["loss"].block_until_ready()
 
-    module_t = copy.deepcopy(module)
-    opt = torch.optim.SGD(module_t.parameters(), lr=0.01, momentum=0.9)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-
-    def theirs():
-        module_t.train()
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(module_t(xt), yt)
-        loss.backward()
-        opt.step()
-        return loss
+    _, theirs = conv_models._torch_runners(copy.deepcopy(module), x, y, compiled=False)  # the grid's torch step
+    xt = torch.from_numpy(x)
 
     # the eval logits against torch's (a train step's loss differs by its dropout masks), the
     # grid's check: sums of up to ~10^4 products a layer through ~20 layers in float32
