@@ -183,4 +183,5 @@ if __name__ == "__main__":
     from funcnet import profile
 
     profile.one_core()  # one core for JAX as for torch, before JAX starts (a caller's process keeps its own)
+    profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     sys.exit(main())

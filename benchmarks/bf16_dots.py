@@ -127,4 +127,5 @@ if __name__ == "__main__":
     from funcnet import profile
 
     profile.one_core()  # one core for XLA (before JAX starts), as its dots are compared one thread each
+    profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     sys.exit(main())

@@ -245,6 +245,7 @@ def main(argv=None) -> int:
         from funcnet import profile
 
         profile.one_core()  # JAX and torch on one core, before JAX starts
+        profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     if args.baseline:
         if len(args.baseline) > 2:
             parser.error(f"--baseline takes a conv_strategy.py and optionally a conv_depthwise.py, "

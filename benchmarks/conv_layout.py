@@ -330,6 +330,7 @@ def main(argv=None) -> int:
         from funcnet import profile
 
         profile.one_core()  # JAX and torch on one core, before JAX starts
+        profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     import conv
     import torch
     from rich.console import Console

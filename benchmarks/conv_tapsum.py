@@ -242,4 +242,5 @@ if __name__ == "__main__":
     from funcnet import profile
 
     profile.one_core()
+    profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     sys.exit(main())

@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     from funcnet import profile
 
     profile.one_core()
+    profile.reuse_host_memory()  # each call's scratch memory kept for the next (glibc)
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -2,6 +2,7 @@
 
 import ast
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -157,3 +158,50 @@ def test_one_core_confines_every_thread_jax_starts_and_refuses_once_jax_has_star
     assert masks == [str(core)]  # JAX's pool threads included (they start after the call)
     assert cpu <= 1.05 * wall + 0.02  # one core can spend no more CPU time than wall time
     assert "call profile.one_core() before the first JAX computation" in late
+
+
+_REUSE = """
+import resource, sys, time
+from funcnet import profile
+if sys.argv[1] == "reuse":
+    profile.reuse_host_memory()
+import jax, jax.numpy as jnp
+ws = [jnp.full((512, 512), 0.01) for _ in range(12)]
+x = jnp.ones((4096, 512))
+def loss(ws, x):
+    for w in ws:
+        x = jnp.tanh(x @ w)
+    return x.sum()
+step = jax.jit(jax.grad(loss))  # keeps 12 activations of 8 MiB for the backward: scratch memory
+temp = step.lower(ws, x).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for _ in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    jax.block_until_ready(step(ws, x))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    time.sleep(0.02)  # XLA frees the call's scratch memory on its own thread after the result
+try:
+    profile.reuse_host_memory()
+    late = "no error"
+except RuntimeError as e:
+    late = str(e)
+print(repr((temp, faults, late)))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+def test_reuse_host_memory_stops_each_call_faulting_its_scratch_memory_in_again():
+    # page faults a call, from the operating system's count; in children, as the setting is the process's
+    pages = {}
+    for mode in ("default", "reuse"):
+        out = subprocess.run([sys.executable, "-c", _REUSE, mode], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "XLA_FLAGS": ""})
+        assert out.returncode == 0, out.stderr[-2000:]
+        temp, faults, late = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+        assert temp >= 64 * 2**20  # larger than glibc's largest heap allocation (32 MiB): served by mmap
+        pages[mode] = (sorted(faults[-4:])[1], temp // 4096)
+    faulted, temp_pages = pages["default"]
+    assert faulted > temp_pages / 2  # the control: each call takes its scratch memory from the OS again
+    faulted, temp_pages = pages["reuse"]
+    assert faulted < temp_pages / 20  # the call reuses the memory the last one freed
+    assert "call profile.reuse_host_memory() before the first JAX computation" in late
