@@ -214,7 +214,6 @@ def _before_jax_starts(name: str) -> None:
 
 # glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-_INT_MAX = 2**31 - 1
 
 
 def reuse_host_memory() -> None:
@@ -229,13 +228,13 @@ def reuse_host_memory() -> None:
     in every page again: 77 500 page faults and 130 of 520 ms a step in the kernel on one core,
     where torch's allocations (one tensor at a time) stay in the heap. Here glibc serves every
     thread from its main heap (``M_ARENA_MAX`` 1: a worker thread's own arena would still ``mmap``
-    a block larger than its 64 MiB heap), never by ``mmap`` (``M_MMAP_MAX`` 0), and keeps up to
-    2 GiB free at the top of the heap (``M_TRIM_THRESHOLD``). The cost: the process keeps its
-    peak memory until it exits, as torch's CUDA caching allocator does on a GPU.
+    a block larger than its 64 MiB heap), never by ``mmap`` (``M_MMAP_MAX`` 0), and never gives
+    the free top of the heap back (``M_TRIM_THRESHOLD`` -1). The cost: the process keeps its peak
+    memory until it exits, as torch's CUDA caching allocator does on a GPU.
 
-    The environment variables ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=...``
-    set before Python starts do the same (and take a threshold above 2 GiB); an allocator such as
-    jemalloc or tcmalloc (``LD_PRELOAD``) that keeps freed memory is another way."""
+    The environment variables ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1``
+    set before Python starts do the same; an allocator that keeps freed memory (jemalloc,
+    tcmalloc through ``LD_PRELOAD``) is another way."""
     import ctypes
     import platform
 
@@ -245,6 +244,6 @@ def reuse_host_memory() -> None:
     _before_jax_starts("reuse_host_memory")
     libc = ctypes.CDLL(None)
     for name, param, value in (("M_ARENA_MAX", _M_ARENA_MAX, 1), ("M_MMAP_MAX", _M_MMAP_MAX, 0),
-                               ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, _INT_MAX)):
+                               ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, -1)):
         if libc.mallopt(param, value) != 1:
             raise RuntimeError(f"reuse_host_memory: glibc's mallopt({name}, {value}) failed")
