@@ -230,7 +230,9 @@ def reuse_host_memory() -> None:
     thread from its main heap (``M_ARENA_MAX`` 1: a worker thread's own arena would still ``mmap``
     a block larger than its 64 MiB heap), never by ``mmap`` (``M_MMAP_MAX`` 0), and never gives
     the free top of the heap back (``M_TRIM_THRESHOLD`` -1). The cost: the process keeps its peak
-    memory until it exits, as torch's CUDA caching allocator does on a GPU.
+    memory until it exits, as torch's CUDA caching allocator does on a GPU, and that peak can hold
+    two calls' scratch memory, a call starting before the last one's is freed (ResNet-18's train
+    step at 224 px, batch 64, 1.7 GiB of it: 6.8 GiB resident at the peak against 5.0).
 
     The environment variables ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1``
     set before Python starts do the same; an allocator that keeps freed memory (jemalloc,
