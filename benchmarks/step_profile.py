@@ -123,7 +123,8 @@ def main(argv=None) -> int:
     module.eval()
     with torch.no_grad():
         ref = module(xt).numpy()
-    out = np.asarray(nn.call(model, params, model_state, data[0], train=False)[0])
+    # jitted: run eagerly, each of the model's operations would be compiled on its own
+    out = np.asarray(jax.jit(lambda p, s, x: nn.call(model, p, s, x, train=False)[0])(params, model_state, data[0]))
     err = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-12))
     if not err < 1e-3:
         print(f"FAILED: the converted model's eval logits are {err:.1e} (relative) from torch's")
