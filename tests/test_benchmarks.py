@@ -310,7 +310,7 @@ def test_step_profile_groups_a_traced_step_by_kind_of_kernel(tmp_path):
         == kind_of("bitcast_copy_fusion.7") == "layout copies"
     assert kind_of("broadcast_select_fusion") == kind_of("multiply_add_fusion.4") == "elementwise and the rest"
     out = tmp_path / "profile.json"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "step_profile.py"), "--quick", "--model", "mobilenetv3",
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "step_profile.py"), "--quick", "--model", "resnet_style",
                            "--steps", "2", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     result = json.loads(out.read_text())
