@@ -282,6 +282,32 @@ def test_conv_tapsum_quick_run_checks_every_formulation(tmp_path):
     assert set(row["ms"]) == {"funcnet", "banded", "batch-summed taps", "torch"} and row["ok"]
 
 
+def test_conv_directions_finds_every_convolution_and_checks_each_direction(tmp_path, monkeypatch):
+    """benchmarks/conv_directions.py --quick: the hook finds each Conv2d call (ResNet-18 has 20
+    convolutions, 11 distinct at 32 px), every direction and the per-tap weight gradient match
+    torch, and a wrong per-tap weight gradient fails the run."""
+    import torch
+
+    script = _script("conv_directions")
+    models = _script("conv_models")
+    convs = script.model_convolutions(models.torch_resnet18(widths=(4, 8, 8, 8)), torch.zeros(2, 3, 32, 32))
+    assert sum(convs.values()) == 20 and len(convs) == 11
+    assert next(iter(convs)) == (2, 3, 32, 4, 7, 2, 3, 1)  # the stem first: batch, in, size, out, kernel, stride, pad
+    out = tmp_path / "directions.json"
+    assert script.main(["--quick", "--model", "resnet_style", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert sum(r["count"] for r in result["rows"]) == 12  # stem, two a block, three 1x1 shortcuts
+    for row in result["rows"]:
+        assert row["ok"] and set(row["errors"]) == {"funcnet forward", "funcnet input gradient",
+                                                    "funcnet weight gradient", "per tap weight gradient"}
+        assert all(t > 0 for t in row["ms"].values())
+    assert set(result["funcnet_over_torch"]) == {"forward", "input gradient", "weight gradient"}
+    right = script.weight_grad_per_tap  # one convolution, its per-tap weight gradient 1% off
+    monkeypatch.setattr(script, "weight_grad_per_tap", lambda x, g, *a: 1.01 * right(x, g, *a))
+    monkeypatch.setattr(script, "model_convolutions", lambda module, x: {(2, 4, 8, 8, 3, 1, 1, 1): 1})
+    assert script.main(["--quick", "--model", "resnet_style"]) == 1
+
+
 @pytest.mark.slow
 def test_batchnorm_quick_run_checks_every_column_against_torch(tmp_path, capsys):
     norm = (BENCHMARKS.parent / "funcnet" / "nn" / "functional" / "norm.py").read_text()
