@@ -74,7 +74,7 @@ def layer_row(shape, baseline, rounds):
 
     from funcnet import nn
 
-    n, c = shape[0], shape[1]
+    c = shape[1]
     bn = nn.BatchNorm2d(c)
     state = bn.init_state()
     rng = np.random.default_rng(0)

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 tnn = torch.nn
 
-import funcnet
-from funcnet import interop, nn
+import funcnet  # noqa: E402 (after the importorskip above)
+from funcnet import interop, nn  # noqa: E402
 
 
 def _shuffle(x, groups: int):

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 tnn = torch.nn
 
-from funcnet import interop, nn  # noqa: E402
+from funcnet import interop  # noqa: E402
 from funcnet.interop import ConversionError  # noqa: E402
 
 Pair = collections.namedtuple("Pair", "h aux")

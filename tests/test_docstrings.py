@@ -49,6 +49,19 @@ def test_the_docstring_examples_run_and_print_what_they_say():
     assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples failed (printed above)"
 
 
+def test_ruff_passes_over_the_whole_tree():
+    # pyflakes and pycodestyle's errors over benchmarks, comparisons, examples and tests too (an
+    # unused import or variable there is as misleading to a reader as in the library)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=root,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 def test_ruff_checks_the_docstrings_of_the_library():
     # pyproject.toml's [tool.ruff.lint]: pydocstyle (google convention) over funcnet/
     import subprocess
