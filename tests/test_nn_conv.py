@@ -170,6 +170,46 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
 
 
+def test_weight_gradient_over_chunks_of_the_batch_equals_torch(monkeypatch):
+    """Past WEIGHT_GRAD_CHUNK_BYTES of input per chunk, XLA's weight gradient is summed over
+    chunks of the batch (the largest divisor of the batch that fits): the gradients and the
+    weight's forward-mode tangent against torch, on a batch and input that were not traced (the
+    chunks are static, so a second input of the same shape runs the same program), and the
+    compiled gradient holds one weight-gradient convolution per chunk."""
+    from funcnet.nn.functional import conv2d
+    from funcnet.nn.functional import conv_strategy as cs
+
+    per_example = 4 * 9 * 9 * 4  # float32 (4, 9, 9)
+    monkeypatch.setattr(cs, "WEIGHT_GRAD_CHUNK_BYTES", 2 * per_example + 1)
+    assert [cs.weight_grad_chunk(jnp.zeros((n, 4, 9, 9))) for n in (6, 7, 2, 1)] == [2, 1, 2, 1]
+    monkeypatch.setattr(cs, "WEIGHT_GRAD_CHUNK_BYTES", 3 * per_example)
+    assert cs.weight_grad_chunk(jnp.zeros((6, 4, 9, 9))) == 3 and cs.weight_grad_chunk(jnp.zeros((8, 4, 9, 9))) == 2
+
+    def f(x, w):
+        return conv2d(x, w, None, 2, 1)
+
+    grads = jax.jit(lambda x, w, g: jax.vjp(f, x, w)[1](g))
+    tangent = jax.jit(lambda x, w, v: jax.jvp(lambda w: f(x, w), (w,), (v,))[1])
+    shape_w = (5, 4, 3, 3)
+    for seed in (1, 2):  # the second input reuses the program compiled for the first
+        rng = np.random.default_rng(seed)
+        x, w, v = (rng.standard_normal(s).astype(np.float32) for s in ((6, 4, 9, 9), shape_w, shape_w))
+        g = rng.standard_normal((6, 5, 5, 5)).astype(np.float32)
+        tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+        torch.nn.functional.conv2d(tx, tw, stride=2, padding=1).backward(torch.tensor(g))
+        gx, gw = grads(x, w, g)
+        # sums of 36 (input) and 150 (weight) unit-scale products in float32
+        np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(gw, tw.grad.numpy(), rtol=1e-5, atol=1e-4)
+        want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(v), stride=2, padding=1).numpy()
+        np.testing.assert_allclose(tangent(x, w, v), want, rtol=1e-5, atol=1e-5)
+    weight_grad = jax.grad(lambda w, x: f(x, w).sum())
+    assert _conv_ops(weight_grad, jnp.asarray(w), jnp.asarray(x)) == 1 + 2  # the forward, two chunks of 3
+    with strategy("xla"):  # one lax.conv_general_dilated a direction, as the strategy says (a new function:
+        weight_grad = jax.grad(lambda w, x: f(x, w).sum())  # JAX reuses the trace of the one above)
+        assert _conv_ops(weight_grad, jnp.asarray(w), jnp.asarray(x)) == 1 + 1
+
+
 # (input shape, kernel, padding, stride): each of the tap sum's formulations
 # (conv_depthwise.taps_sum) in the forward and the input gradient, and each weight gradient
 DEPTHWISE_FORMS = {
