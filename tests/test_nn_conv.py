@@ -181,7 +181,7 @@ def test_weight_gradient_over_chunks_of_the_batch_equals_torch(monkeypatch):
 
     per_example = 4 * 9 * 9 * 4  # float32 (4, 9, 9)
     monkeypatch.setattr(cs, "WEIGHT_GRAD_CHUNK_BYTES", 2 * per_example + 1)
-    assert [cs.weight_grad_chunk(jnp.zeros((n, 4, 9, 9))) for n in (6, 7, 2, 1)] == [2, 1, 2, 1]
+    assert [cs.weight_grad_chunk(jnp.zeros((n, 4, 9, 9))) for n in (6, 7, 2, 1, 0)] == [2, 1, 2, 1, 0]
     monkeypatch.setattr(cs, "WEIGHT_GRAD_CHUNK_BYTES", 3 * per_example)
     assert cs.weight_grad_chunk(jnp.zeros((6, 4, 9, 9))) == 3 and cs.weight_grad_chunk(jnp.zeros((8, 4, 9, 9))) == 2
 

@@ -213,7 +213,7 @@ def weight_grad_chunk(x) -> int:
     (at least one example)."""
     batch = x.shape[0]
     limit = max(1, WEIGHT_GRAD_CHUNK_BYTES // max(1, math.prod(x.shape[1:]) * x.dtype.itemsize))
-    return max(d for d in range(1, min(batch, limit) + 1) if batch % d == 0)
+    return max((d for d in range(1, min(batch, limit) + 1) if batch % d == 0), default=batch)  # an empty batch: 0
 
 
 def _xla_conv(x, w, stride, pads, rhs_dilation, groups):
