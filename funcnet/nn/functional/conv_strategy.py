@@ -105,7 +105,6 @@ def choose(in_sizes, out_sizes, kernel, taps, lhs_dilation, depthwise: bool, con
 def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
     """``lax.conv_general_dilated(x, w)`` with torch's layouts (``x`` ``(N, C, *spatial)``, ``w``
     ``(O, C/groups, *kernel)``) at HIGHEST precision, by the strategy ``choose`` picks."""
-    n = x.ndim - 2
     kernel = w.shape[2:]
     out = tuple((s * ld - ld + 1 + lo + hi - d * (k - 1) - 1) // st + 1
                 for s, ld, (lo, hi), d, k, st in zip(x.shape[2:], lhs_dilation, pads, rhs_dilation, kernel, stride))
@@ -124,11 +123,7 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
             return _chunked_weight_grad(x, w, tuple(stride), tuple(map(tuple, pads)), tuple(rhs_dilation), groups,
                                         chunk)
     if how == "xla" or any(not t for t in taps):
-        spatial = _SPATIAL[n]
-        return jax.lax.conv_general_dilated(
-            x, w, window_strides=tuple(stride), padding=list(pads), lhs_dilation=tuple(lhs_dilation),
-            rhs_dilation=tuple(rhs_dilation), dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial),
-            feature_group_count=groups, precision=jax.lax.Precision.HIGHEST)
+        return _xla_conv(x, w, tuple(stride), pads, tuple(rhs_dilation), groups, tuple(lhs_dilation))
     if how == "taps":
         if w.shape[0] == x.shape[1] and all(d == 1 for d in lhs_dilation):
             return depthwise_conv(x, w, tuple(stride), tuple(pads), tuple(rhs_dilation))
@@ -216,10 +211,11 @@ def weight_grad_chunk(x) -> int:
     return max((d for d in range(1, min(batch, limit) + 1) if batch % d == 0), default=batch)  # an empty batch: 0
 
 
-def _xla_conv(x, w, stride, pads, rhs_dilation, groups):
+def _xla_conv(x, w, stride, pads, rhs_dilation, groups, lhs_dilation=None):
+    """One ``lax.conv_general_dilated`` in torch's layouts at HIGHEST precision."""
     spatial = _SPATIAL[x.ndim - 2]
     return jax.lax.conv_general_dilated(
-        x, w, window_strides=stride, padding=list(pads), rhs_dilation=rhs_dilation,
+        x, w, window_strides=stride, padding=list(pads), lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
         dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial), feature_group_count=groups,
         precision=jax.lax.Precision.HIGHEST)
 
