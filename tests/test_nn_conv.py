@@ -19,6 +19,7 @@ import torch
 from scipy import stats
 
 from funcnet import nn
+from funcnet.nn.functional import conv_strategy, conv_winograd
 from funcnet.nn.functional.conv_strategy import strategy
 from tests.torch_oracle import check_layer
 
@@ -115,10 +116,18 @@ def _auto_pick(row):
     return pick
 
 
+def _winograd_row(row):
+    _, cls, args, kwargs, _ = row
+    return cls == "Conv2d" and args[2] in (3, (3, 3)) and kwargs.get("stride", 1) == 1 \
+        and kwargs.get("dilation", 1) == 1 and kwargs.get("groups", 1) == 1
+
+
 # "taps" is for depthwise convolutions (others fall back to im2col): it runs on those rows only;
-# each row runs every strategy but the one the rule picks for it (test_conv_equals_torch runs that)
-STRATEGY_ROWS = [(row, how) for row in TABLE for how in ("xla", "im2col", "taps")
-                 if (how != "taps" or _depthwise(row)) and how != _auto_pick(row)]
+# "winograd" on 3x3 stride-1 ones (others fall back to XLA's); each row runs every strategy but
+# the one the rule picks for it (test_conv_equals_torch runs that)
+STRATEGY_ROWS = [(row, how) for row in TABLE for how in ("xla", "im2col", "taps", "winograd")
+                 if (how != "taps" or _depthwise(row)) and (how != "winograd" or _winograd_row(row))
+                 and how != _auto_pick(row)]
 
 
 @pytest.mark.parametrize("row,how", STRATEGY_ROWS, ids=[f"{row[0]}-{how}" for row, how in STRATEGY_ROWS])
@@ -143,8 +152,13 @@ def _conv_ops(fn, *args):
     ((8, 64, 1, 1), 3, 1, 1, "im2col"),  # only the centre tap meets data: a matrix multiply
     ((8, 64, 4, 4), 1, 2, 1, "im2col"),  # one tap
     ((8, 256, 7, 7), 3, 1, 1, "im2col"),  # 49 output positions, 2304 products each, 3.6 MB of patches
-    ((8, 128, 7, 7), 3, 1, 1, "xla"),  # 1152 products each: XLA's as fast
-    ((64, 256, 4, 4), 3, 1, 1, "xla"),  # 2304 products, but 9 MB of patches: past PATCH_BYTES
+    ((8, 128, 7, 7), 3, 1, 1, "xla"),  # 1152 products each: XLA's as fast; 4x4 tiles of 2x2 cover 64 positions
+    ((64, 256, 4, 4), 3, 1, 1, "winograd"),  # 2304 products, 9 MB of patches (past PATCH_BYTES), 256 channels
+    ((8, 128, 14, 14), 3, 1, 1, "winograd"),  # 128 channels each side, 7x7 tiles of 2x2
+    ((8, 128, 7, 7), 3, 2, 1, "xla"),  # stride 2: not Winograd's
+    ((8, 96, 14, 14), 3, 1, 1, "xla"),  # 96 channels: XLA's faster (docs/design.md)
+    ((64, 128, 32, 32), 3, 1, 1, "xla"),  # 65536 output positions: past WINOGRAD_MAX_POSITIONS
+    ((64, 256, 28, 28), 3, 1, 1, "winograd"),  # 50176: at it
     ((64, 64, 8, 8), 3, 1, 1, "xla"),  # 64 positions, 576 products each
     ((2, 16, 32, 32), 3, 1, 1, "xla"),  # 1024 output positions
     ((8, 16, 4, 4), 3, 1, 1, "xla"),  # 16 positions of 144 products (benchmarks/models.py's conv net)
@@ -152,7 +166,7 @@ def _conv_ops(fn, *args):
     ((8, 3, 32, 32), 7, 2, 1, "xla"),  # 147 products: a 7x7 stem keeps XLA's
     ((2, 16, 32, 32), 7, 2, 16, "taps"),  # depthwise
 ])
-def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel, stride, groups, how):
+def test_auto_picks_the_measured_strategy_in_forward_and_gradients(monkeypatch, shape, kernel, stride, groups, how):
     """The rule of docs/design.md on CPU: the slow path's shapes trace to no XLA convolution at
     all, forward or backward (jax.grad of a conv is convolutions again unless the forward is
     patches + einsum); large ones keep XLA's."""
@@ -166,6 +180,10 @@ def test_auto_picks_the_measured_strategy_in_forward_and_gradients(shape, kernel
 
     ops = _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w)
     assert (ops == 0) == (how != "xla"), ops
+    calls = []
+    monkeypatch.setattr(conv_strategy, "winograd_conv", lambda *a: calls.append(a) or conv_winograd.winograd_conv(*a))
+    jax.make_jaxpr(loss)(x, w)
+    assert bool(calls) == (how == "winograd")
     with strategy("xla"):
         assert _conv_ops(jax.grad(loss, argnums=(0, 1)), x, w) >= 3  # forward, input grad, weight grad
 
@@ -214,6 +232,77 @@ def test_weight_gradient_over_chunks_of_the_batch_equals_torch(monkeypatch):
     with strategy("xla"):  # one lax.conv_general_dilated a direction, as the strategy says (a new function:
         weight_grad = jax.grad(lambda w, x: f(x, w).sum())  # JAX reuses the trace of the one above)
         assert _conv_ops(weight_grad, jnp.asarray(w), jnp.asarray(x)) == 1 + 1
+
+
+# (input shape, output channels, padding): odd and rectangular planes (tiles past the output are
+# cropped), no padding, uneven padding
+WINOGRAD_CASES = [((2, 5, 9, 7), 6, ((1, 1), (1, 1))), ((1, 3, 6, 8), 4, ((0, 0), (2, 1))),
+                  ((3, 4, 4, 5), 3, ((1, 0), (0, 2)))]
+
+
+@pytest.mark.parametrize("shape,out_channels,pads", WINOGRAD_CASES, ids=["same-odd", "valid-and-uneven", "uneven"])
+def test_winograd_convolution_equals_torch_within_its_rounding_bound(monkeypatch, shape, out_channels, pads):
+    """F(2x2, 3x3) (``conv_winograd``): the forward, both gradients and the forward-mode tangent
+    in float32 against torch in float64, on an input other than the one traced. Each error is
+    bounded by float32's running-error bound 2 n 2^-24 times the same computation carried out on
+    absolute values (the transforms' matrices, the input, weight and cotangent replaced by
+    their absolute values), where n counts the roundings in a chain: 2 adds of the input
+    transform, 4 of the weight's, the contraction (channels, or tiles for the weight gradient),
+    2 of the output transform's, 3 where overlapping tiles' gradients meet."""
+    from funcnet.nn.functional import conv_winograd as cw
+
+    (top, bottom), (left, right) = pads
+    out_hw = (shape[2] + top + bottom - 2, shape[3] + left + right - 2)
+    tiles = shape[0] * (-(-out_hw[0] // 2)) * (-(-out_hw[1] // 2))
+    f = jax.jit(lambda x, w: cw.winograd_conv(x, w, pads))
+    grads = jax.jit(lambda x, w, g: jax.vjp(lambda x, w: cw.winograd_conv(x, w, pads), x, w)[1](g))
+    tangent = jax.jit(lambda x, w, dx, dw: jax.jvp(lambda x, w: cw.winograd_conv(x, w, pads), (x, w), (dx, dw))[1])
+    w_shape, g_shape = (out_channels, shape[1], 3, 3), (shape[0], out_channels, *out_hw)
+    rng = np.random.default_rng(0)
+    f(*(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in (shape, w_shape)))  # traced on other values
+
+    def torch_conv(x, w):
+        return torch.nn.functional.conv2d(torch.nn.functional.pad(x, (left, right, top, bottom)), w)
+
+    rng = np.random.default_rng(1)
+    x, w, dx, dw = (rng.standard_normal(s) for s in (shape, w_shape, shape, w_shape))
+    g = rng.standard_normal(g_shape)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    want = torch_conv(tx, tw)
+    want.backward(torch.tensor(g))
+    want_tangent = torch_conv(torch.tensor(dx), torch.tensor(w)) + torch_conv(torch.tensor(x), torch.tensor(dw))
+    as32 = [jnp.asarray(a, jnp.float32) for a in (x, w, dx, dw, g)]
+    got = [f(*as32[:2]), *grads(as32[0], as32[1], as32[4]), tangent(*as32[:4])]
+    # the bounds: the same computation in float64 with absolute values throughout
+    for name in ("_BT", "_G", "_AT"):
+        monkeypatch.setattr(cw, name, tuple(tuple(abs(c) for c in row) for row in getattr(cw, name)))
+    with jax.enable_x64(True):
+        a = [jnp.asarray(np.abs(v)) for v in (x, w, dx, dw, g)]
+        size = [cw.winograd_conv(a[0], a[1], pads),
+                *jax.vjp(lambda x, w: cw.winograd_conv(x, w, pads), a[0], a[1])[1](a[4]),
+                jax.jvp(lambda x, w: cw.winograd_conv(x, w, pads), (a[0], a[1]), (a[2], a[3]))[1]]
+        size = [np.asarray(s) for s in size]
+    chain = 2 + 4 + 2 + 3
+    for got_, want_, size_, n in zip(got, [want, tx.grad, tw.grad, want_tangent], size,
+                                     [shape[1], out_channels, tiles, 2 * shape[1]]):
+        err = np.abs(np.asarray(got_, np.float64) - want_.detach().numpy())
+        assert np.all(err <= 2 * (n + chain) * 2.0 ** -24 * size_), (err.max(), np.max(size_))
+
+
+def test_winograd_second_order_equals_autodiff_of_xla_in_float64():
+    """Winograd's rule has no custom derivative: a Hessian-vector product through it equals one
+    through XLA's convolution (float64, float64's tolerance of check_layer)."""
+    from funcnet.nn.functional import conv2d
+
+    rng = np.random.default_rng(2)
+    with jax.enable_x64(True):
+        x, w, v = (jnp.asarray(rng.standard_normal(s)) for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4, 3, 3, 3)))
+
+        def hvp(how):
+            with strategy(how):
+                loss = lambda w: jnp.sum(jnp.tanh(conv2d(x, w, None, 1, 1)))  # noqa: E731
+                return jax.jvp(jax.grad(loss), (w,), (v,))[1]
+        np.testing.assert_allclose(hvp("winograd"), hvp("xla"), rtol=1e-10, atol=1e-12)
 
 
 # (input shape, kernel, padding, stride): each of the tap sum's formulations
@@ -310,7 +399,7 @@ def test_pointwise_conv_is_one_matrix_multiply_per_example_and_equals_torch():
 
 
 def test_unknown_strategy_is_refused():
-    expected = r"conv strategy must be one of \('auto', 'xla', 'im2col', 'taps'\), got 'fft'"
+    expected = r"conv strategy must be one of \('auto', 'xla', 'im2col', 'taps', 'winograd'\), got 'fft'"
     with pytest.raises(ValueError, match=expected):
         with strategy("fft"):
             pass

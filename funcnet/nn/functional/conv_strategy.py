@@ -11,12 +11,14 @@ Where each output sums at most ``SHORT_CONTRACTION`` products, the forward write
 (``_short_sum``), the einsum its derivative. Depthwise convolutions are sums over taps
 (``conv_depthwise``), with their own gradients when each channel has one output. An XLA
 convolution on the CPU whose batch's input passes ``WEIGHT_GRAD_CHUNK_BYTES`` takes its weight
-gradient over chunks of the batch (``_chunked_weight_grad``).
+gradient over chunks of the batch (``_chunked_weight_grad``). A 3x3 stride-1 convolution with
+at least ``WINOGRAD_MIN_CHANNELS`` channels each side is Winograd's F(2x2, 3x3) on the CPU
+(``conv_winograd``, ``winograd_pays``).
 The rule (``choose``) and the measurements behind it are in docs/design.md, "Convolution
 strategy".
 
-``strategy("xla" | "im2col" | "taps" | "auto")`` forces one (a context manager, read when a
-function is traced: a jitted function keeps the strategy it was traced with).
+``strategy("xla" | "im2col" | "taps" | "winograd" | "auto")`` forces one (a context manager,
+read when a function is traced: a jitted function keeps the strategy it was traced with).
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ import jax.numpy as jnp
 
 from jax.custom_derivatives import SymbolicZero
 
+from funcnet.nn.functional.conv_winograd import winograd_conv
 from funcnet.nn.functional.conv_depthwise import (depthwise_conv, live_taps, live_weight, phase_slices, shifted,
                                                    taps_sum, tree_sum)
 
 __all__ = ["LONG_CONTRACTION", "PATCH_BYTES", "POINTWISE_POSITIONS", "SHORT_CONTRACTION", "SMALL_OUTPUT", "STRATEGIES",
-           "WEIGHT_GRAD_CHUNK_BYTES", "choose", "convolve", "strategy", "weight_grad_chunk"]
+           "WEIGHT_GRAD_CHUNK_BYTES", "WINOGRAD_MAX_POSITIONS", "WINOGRAD_MAX_WASTE", "WINOGRAD_MIN_CHANNELS", "choose",
+           "convolve", "strategy", "weight_grad_chunk", "winograd_pays", "winograd_shape"]
 
-STRATEGIES = ("auto", "xla", "im2col", "taps")
+STRATEGIES = ("auto", "xla", "im2col", "taps", "winograd")
 _current = ["auto"]
 _SPATIAL = {1: "L", 2: "HW", 3: "DHW"}
 # im2col when the output has at most this many positions per image, each output sums at
@@ -55,6 +59,13 @@ WEIGHT_GRAD_CHUNK_BYTES = 2 * 2**20
 # per example in the channels-first layout (``_pointwise``); on smaller planes the patches'
 # single matrix multiply over all examples' positions is faster (docs/design.md)
 POINTWISE_POSITIONS = 784
+# a 3x3 stride-1 convolution by Winograd's F(2x2, 3x3) (``winograd_conv``) where its train step
+# measured faster than XLA's: both channel counts at least this, the 2x2 tiles covering at most
+# this many times the output's positions, at most this many output positions in the batch (64
+# examples of 28x28; past it the forward lost at 128 channels) (docs/design.md)
+WINOGRAD_MIN_CHANNELS = 128
+WINOGRAD_MAX_WASTE = 1.2
+WINOGRAD_MAX_POSITIONS = 64 * 28 * 28
 
 
 @contextlib.contextmanager
@@ -62,7 +73,8 @@ def strategy(name: str):
     """Force how convolutions traced inside the block are computed: ``"xla"`` (one
     ``lax.conv_general_dilated``), ``"im2col"`` (patches + one ``einsum``), ``"taps"`` (a sum
     over kernel taps of shifted input times weight, elementwise: for depthwise convolutions;
-    other groupings fall back to im2col) or ``"auto"`` (the default: chosen per shape by
+    other groupings fall back to im2col), ``"winograd"`` (F(2x2, 3x3) for a 3x3 kernel at stride
+    1, one group, no dilation; others fall back to XLA's) or ``"auto"`` (the default: chosen per shape by
     ``choose``)."""
     if name not in STRATEGIES:
         raise ValueError(f"conv strategy must be one of {STRATEGIES}, got {name!r}")
@@ -116,6 +128,11 @@ def convolve(x, w, stride, pads, lhs_dilation, rhs_dilation, groups: int):
     how = choose(x.shape[2:], out, kernel, taps, lhs_dilation, depthwise, w.shape[1] * math.prod(kernel), patch_bytes)
     if how == "taps" and not depthwise:
         how = "im2col"
+    if how == "winograd" and winograd_shape(w, stride, lhs_dilation, rhs_dilation, groups) or \
+            how == "xla" and _current[0] == "auto" and winograd_pays(x, w, stride, lhs_dilation, rhs_dilation, groups, out):
+        return winograd_conv(x, w, tuple(map(tuple, pads)))
+    if how == "winograd":
+        how = "xla"
     if how == "xla" and _current[0] == "auto" and all(d == 1 for d in lhs_dilation) and all(taps) \
             and jax.default_backend() == "cpu":
         chunk = weight_grad_chunk(x)
@@ -200,6 +217,25 @@ def _short_sum_jvp(stride, pads, rhs_dilation, out, taps, primals, tangents):
 
 
 _short_sum.defjvp(_short_sum_jvp, symbolic_zeros=True)
+
+
+def winograd_shape(w, stride, lhs_dilation, rhs_dilation, groups) -> bool:
+    """Whether ``winograd_conv`` computes this convolution: a 2D 3x3 kernel, stride 1, no
+    dilation, one group."""
+    return (w.ndim == 4 and w.shape[2:] == (3, 3) and groups == 1 and all(s == 1 for s in stride)
+            and all(d == 1 for d in lhs_dilation) and all(d == 1 for d in rhs_dilation))
+
+
+def winograd_pays(x, w, stride, lhs_dilation, rhs_dilation, groups, out) -> bool:
+    """Whether ``"auto"`` computes this convolution by ``winograd_conv``: on the CPU, in float32,
+    with at least ``WINOGRAD_MIN_CHANNELS`` input and output channels, an output whose 2x2 tiles
+    cover at most ``WINOGRAD_MAX_WASTE`` times its positions (not 7x7: 8x8 of tiles) and at most
+    ``WINOGRAD_MAX_POSITIONS`` output positions in the batch (docs/design.md, "Winograd")."""
+    if not winograd_shape(w, stride, lhs_dilation, rhs_dilation, groups) or jax.default_backend() != "cpu" \
+            or x.dtype != jnp.float32 or min(w.shape[:2]) < WINOGRAD_MIN_CHANNELS or min(out) < 1:
+        return False
+    tiled = math.prod(-(-o // 2) * 2 for o in out)
+    return tiled <= WINOGRAD_MAX_WASTE * math.prod(out) and x.shape[0] * math.prod(out) <= WINOGRAD_MAX_POSITIONS
 
 
 def weight_grad_chunk(x) -> int:
