@@ -32,9 +32,9 @@ import jax.numpy as jnp
 
 from jax.custom_derivatives import SymbolicZero
 
-from funcnet.nn.functional.conv_winograd import winograd_conv
 from funcnet.nn.functional.conv_depthwise import (depthwise_conv, live_taps, live_weight, phase_slices, shifted,
                                                    taps_sum, tree_sum)
+from funcnet.nn.functional.conv_winograd import winograd_conv
 
 __all__ = ["LONG_CONTRACTION", "PATCH_BYTES", "POINTWISE_POSITIONS", "SHORT_CONTRACTION", "SMALL_OUTPUT", "STRATEGIES",
            "WEIGHT_GRAD_CHUNK_BYTES", "WINOGRAD_MAX_POSITIONS", "WINOGRAD_MAX_WASTE", "WINOGRAD_MIN_CHANNELS", "choose",
@@ -74,8 +74,8 @@ def strategy(name: str):
     ``lax.conv_general_dilated``), ``"im2col"`` (patches + one ``einsum``), ``"taps"`` (a sum
     over kernel taps of shifted input times weight, elementwise: for depthwise convolutions;
     other groupings fall back to im2col), ``"winograd"`` (F(2x2, 3x3) for a 3x3 kernel at stride
-    1, one group, no dilation; others fall back to XLA's) or ``"auto"`` (the default: chosen per shape by
-    ``choose``)."""
+    1, one group, no dilation; others fall back to XLA's) or ``"auto"`` (the default: chosen per
+    shape by ``choose``)."""
     if name not in STRATEGIES:
         raise ValueError(f"conv strategy must be one of {STRATEGIES}, got {name!r}")
     old = _current[0]
