@@ -2,7 +2,8 @@
 BERT, GPT-2 with labels (its loss too), Llama and ViT (and in the slow run T5 with labels, CLIP,
 Whisper and Wav2Vec2 with its weight-normed positional conv), each traced on one input and compared with
 torch on a fresh one (other values, another batch size and length, padding in another row):
-the eval forward and the gradients of every parameter."""
+the eval forward and the gradients of every parameter; a ResNet whose wide 3x3 convolutions run
+by Winograd's F(2x2, 3x3) at another batch and image size."""
 
 import functools
 
@@ -219,6 +220,32 @@ def test_to_source_runs_and_matches_torch_on_a_fresh_input(name):
     got = jax.jit(lambda p, s, x: funcnet.nn.call(model, p, s, train=False, **x)[0])(params, state, _jax(fresh))
     errors = {k: _rel(got[k], v) for k, v in want.items() if isinstance(v, torch.Tensor)}
     assert errors and max(errors.values()) <= 1e-5, errors  # as the converted model: float32, 2 narrow layers
+
+
+def test_a_resnet_runs_its_wide_3x3_convolutions_by_winograd_at_another_size(monkeypatch):
+    """transformers' ResNet (tiny config, 128 and 256 channels) traced at batch 2, 32 px and run
+    at batch 3, 48 px: its 128-channel 3x3 convolutions (12x12 there) go through Winograd's
+    F(2x2, 3x3) (``conv_strategy``'s rule) and the float32 output matches torch's float64 one.
+    Bound: float32 rounding adds along the longest path, each convolution at most 2 n 2^-24 of
+    its outputs' scale, n the products an output sums (the 7x7 stem 147, three 3x3 over 128
+    channels 1152 each, one over 256 channels 2304), eval BatchNorm with fresh statistics an
+    affine map of scale ~1."""
+    from funcnet.nn.functional import conv_strategy
+
+    cfg = transformers.ResNetConfig(embedding_size=128, hidden_sizes=[128, 256], depths=[1, 1], layer_type="basic")
+    torch.manual_seed(0)
+    module = transformers.ResNetModel(cfg).eval()
+    model, params, state = interop.convert(module, pixel_values=torch.randn(2, 3, 32, 32))
+    calls, winograd = [], conv_strategy.winograd_conv
+    monkeypatch.setattr(conv_strategy, "winograd_conv", lambda x, *a: calls.append(x.shape) or winograd(x, *a))
+    fresh = torch.randn(3, 3, 48, 48, generator=torch.Generator().manual_seed(1))
+    got, _ = jax.jit(lambda p, s, x: model.apply(p, pixel_values=x, state=s, train=False))(
+        params, state, jnp.asarray(fresh.numpy()))
+    assert calls == [(3, 128, 12, 12)] * 2, calls  # the first stage's two convolutions, at the new size
+    with torch.no_grad():
+        want = module.double()(pixel_values=fresh.double())["last_hidden_state"]
+    assert got["last_hidden_state"].shape == want.shape
+    assert _rel(got["last_hidden_state"], want) <= 2 * (147 + 3 * 1152 + 2304) * 2.0 ** -24
 
 
 def test_a_kv_cache_argument_is_refused_with_the_setting_that_removes_it():

@@ -249,8 +249,7 @@ def test_winograd_convolution_equals_torch_within_its_rounding_bound(monkeypatch
     their absolute values), where n counts the roundings in a chain: 2 adds of the input
     transform, 4 of the weight's, the contraction (channels, or tiles for the weight gradient),
     2 of the output transform's, 3 where overlapping tiles' gradients meet."""
-    from funcnet.nn.functional import conv_winograd as cw
-
+    cw = conv_winograd
     (top, bottom), (left, right) = pads
     out_hw = (shape[2] + top + bottom - 2, shape[3] + left + right - 2)
     tiles = shape[0] * (-(-out_hw[0] // 2)) * (-(-out_hw[1] // 2))
@@ -289,20 +288,24 @@ def test_winograd_convolution_equals_torch_within_its_rounding_bound(monkeypatch
         assert np.all(err <= 2 * (n + chain) * 2.0 ** -24 * size_), (err.max(), np.max(size_))
 
 
-def test_winograd_second_order_equals_autodiff_of_xla_in_float64():
-    """Winograd's rule has no custom derivative: a Hessian-vector product through it equals one
-    through XLA's convolution (float64, float64's tolerance of check_layer)."""
+def test_winograd_second_order_equals_torch_exactly_on_integers():
+    """Winograd's rule has no custom derivative: forward over reverse through it gives torch's
+    Hessian-vector product (double backward) of a cubic loss. The inputs are small integers in
+    float64: the transforms only add and halve, so every intermediate is a multiple of 1/4 far
+    below 2^53 (|conv| <= 27 * 9), every sum is exact in any order, and the two must agree to
+    the last bit."""
     from funcnet.nn.functional import conv2d
 
     rng = np.random.default_rng(2)
-    with jax.enable_x64(True):
-        x, w, v = (jnp.asarray(rng.standard_normal(s)) for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4, 3, 3, 3)))
-
-        def hvp(how):
-            with strategy(how):
-                loss = lambda w: jnp.sum(jnp.tanh(conv2d(x, w, None, 1, 1)))  # noqa: E731
-                return jax.jvp(jax.grad(loss), (w,), (v,))[1]
-        np.testing.assert_allclose(hvp("winograd"), hvp("xla"), rtol=1e-10, atol=1e-12)
+    x, w, v = (rng.integers(-3, 4, s).astype(np.float64) for s in ((2, 3, 6, 5), (4, 3, 3, 3), (4, 3, 3, 3)))
+    tw = torch.tensor(w, requires_grad=True)
+    (g,) = torch.autograd.grad((torch.nn.functional.conv2d(torch.tensor(x), tw, padding=1) ** 3).sum(), tw,
+                               create_graph=True)
+    (want,) = torch.autograd.grad(g, tw, torch.tensor(v))
+    with jax.enable_x64(True), strategy("winograd"):
+        loss = lambda w: jnp.sum(conv2d(jnp.asarray(x), w, None, 1, 1) ** 3)  # noqa: E731
+        got = jax.jvp(jax.grad(loss), (jnp.asarray(w),), (jnp.asarray(v),))[1]
+    np.testing.assert_array_equal(np.asarray(got), want.numpy())
 
 
 # (input shape, kernel, padding, stride): each of the tap sum's formulations
